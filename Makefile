@@ -1,0 +1,25 @@
+# Two commands: `make demo` runs the main job on the built-in default,
+# `make test` runs the whole test suite. Both set up .venv when missing.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: test demo venv clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+demo: $(STAMP)
+	$(PY) demo.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,22 @@
+"""elmo-jax: ELMo (Peters et al. 2018) in JAX/Flax.
+
+    import elmo_jax
+    elmo = elmo_jax.Elmo.from_files("options.json", "weights.hdf5")
+    vectors = elmo.embed_sentences([["Hello", "world", "."]])   # [3, 3, 1024] each
+
+or, inside your own jitted code:
+
+    out = elmo_jax.embed(params, elmo_jax.batch_to_char_ids(sentences), options)
+"""
+from elmo_jax.chars import batch_to_char_ids
+from elmo_jax.embedding import Elmo, EmbedOutput, embed, init_mix, scalar_mix
+from elmo_jax.model import LSTMState, init_params, init_state
+from elmo_jax.options import ElmoOptions, OptionsError
+from elmo_jax.weights import WeightsError, load_weights, save_weights
+
+__all__ = [
+    "ElmoOptions", "OptionsError", "batch_to_char_ids", "load_weights", "save_weights",
+    "WeightsError", "embed", "EmbedOutput", "init_state", "init_mix", "scalar_mix",
+    "init_params", "LSTMState", "Elmo",
+]
+__version__ = "0.1.0"

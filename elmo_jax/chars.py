@@ -1,0 +1,89 @@
+"""Tokens -> character ids, in AllenNLP's (shifted bilm-tf) convention.
+
+Each token becomes `max_chars` ids: begin-of-word, its UTF-8 bytes (cut to
+`max_chars - 2`), end-of-word, then padding; every id is shifted by +1 so that
+an all-zero row marks a padded token. The literal tokens `<S>` and `</S>` get
+the sentence-boundary spellings. Sentence boundaries are *not* added here: the
+model adds them (see `model.add_sentence_boundaries`).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+# Unshifted ids, as bilm-tf's UnicodeCharsVocabulary defines them (bytes are 0..255).
+BOS_CHAR = 256  # begin of sentence
+EOS_CHAR = 257  # end of sentence
+BOW_CHAR = 258  # begin of word
+EOW_CHAR = 259  # end of word
+PAD_CHAR = 260  # padding inside a token
+MAX_CHARS = 50
+
+
+def _marker_ids(char: int, max_chars: int) -> np.ndarray:
+    ids = np.full(max_chars, PAD_CHAR + 1, np.int32)
+    ids[:3] = (BOW_CHAR + 1, char + 1, EOW_CHAR + 1)
+    return ids
+
+
+def bos_char_ids(max_chars: int = MAX_CHARS) -> np.ndarray:
+    """[max_chars] int32: the shifted spelling of `<S>`."""
+    return _marker_ids(BOS_CHAR, max_chars)
+
+
+def eos_char_ids(max_chars: int = MAX_CHARS) -> np.ndarray:
+    """[max_chars] int32: the shifted spelling of `</S>`."""
+    return _marker_ids(EOS_CHAR, max_chars)
+
+
+def token_to_char_ids(token: str, max_chars: int = MAX_CHARS) -> np.ndarray:
+    """[max_chars] int32 shifted character ids of one token.
+
+    Raises TypeError for a non-string, ValueError for an empty token or one that
+    cannot be written as UTF-8 (a lone surrogate, e.g. from `surrogateescape`)."""
+    if not isinstance(token, str):
+        raise TypeError(f"a token must be a str, got {type(token).__name__}: {token!r}")
+    if token == "<S>":
+        return bos_char_ids(max_chars)
+    if token == "</S>":
+        return eos_char_ids(max_chars)
+    if not token:
+        raise ValueError("empty token: a token must have at least one character")
+    try:
+        data = token.encode("utf-8")[: max_chars - 2]
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"token {token!r} is not valid Unicode text (character {e.start} cannot be "
+            "written as UTF-8); decode input files as UTF-8 with errors='strict'") from None
+    ids = np.full(max_chars, PAD_CHAR + 1, np.int32)
+    ids[0] = BOW_CHAR + 1
+    ids[1:len(data) + 1] = np.frombuffer(data, np.uint8).astype(np.int32) + 1
+    ids[len(data) + 1] = EOW_CHAR + 1
+    return ids
+
+
+def batch_to_char_ids(sentences: Sequence[Sequence[str]], max_chars: int = MAX_CHARS,
+                      min_length: int = 0) -> np.ndarray:
+    """[B, T, max_chars] int32 character ids; T = max(longest sentence, min_length).
+
+    Sentences shorter than T are padded with all-zero tokens. An empty sentence
+    is allowed (an all-padding row); an empty batch is not."""
+    if isinstance(sentences, str) or not isinstance(sentences, Sequence):
+        raise TypeError("batch_to_char_ids takes a list of sentences, each a list of token "
+                        f"strings; got {type(sentences).__name__}")
+    if len(sentences) == 0:
+        raise ValueError("batch_to_char_ids got an empty batch: pass at least one sentence")
+    for i, s in enumerate(sentences):
+        if isinstance(s, str):
+            raise TypeError(f"sentence {i} is a str, not a list of tokens: split it first "
+                            f"(e.g. {s[:30]!r}.split())")
+    T = max(min_length, max(len(s) for s in sentences))
+    out = np.zeros((len(sentences), T, max_chars), np.int32)
+    for i, sentence in enumerate(sentences):
+        for j, token in enumerate(sentence):
+            try:
+                out[i, j] = token_to_char_ids(token, max_chars)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"sentence {i}, token {j}: {e}") from None
+    return out

@@ -1,0 +1,249 @@
+"""The biLM in Flax: character encoder, LSTM with projection, both directions.
+
+Shapes: B batch rows, T positions, C characters per token, E char-embedding
+width, F = sum of filter counts, P projection width, D LSTM cells, L layers.
+
+The two directions run in one `lax.scan` over stacked weights (leading axis 2:
+forward, backward); each direction reads its own sequence left to right, so the
+caller hands the backward direction its input already reversed (per row, see
+`reverse_padded`). The input-to-gates matmul for all positions happens outside
+the scan, leaving only the recurrent matmuls inside it.
+
+Gates are ordered (i, f, g, o) and the bias does not include TensorFlow's
+`forget_bias=1.0`, which is added at run time as in TF's LSTMCell; `weights.py`
+is the only place that knows TF's names and gate order.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from elmo_jax import chars
+from elmo_jax.options import ElmoOptions
+
+FORGET_BIAS = 1.0  # TF LSTMCell's default, never stored in the weights
+N_CHAR_ROWS = 262  # 261 character ids, shifted by +1, plus the padding id 0
+
+
+class LSTMState(NamedTuple):
+    """Recurrent state after the last real position of each row.
+
+    h: [L, 2, B, P] projected outputs (clipped); c: [L, 2, B, D] cells (clipped).
+    Axis 1 is the direction: 0 forward, 1 backward."""
+    h: jax.Array
+    c: jax.Array
+
+
+def init_state(options: ElmoOptions, batch_size: int, dtype=jnp.float32) -> LSTMState:
+    """A zero LSTMState for `batch_size` rows."""
+    L, D, P = options.lstm.n_layers, options.lstm.dim, options.lstm.projection_dim
+    return LSTMState(h=jnp.zeros((L, 2, batch_size, P), dtype),
+                     c=jnp.zeros((L, 2, batch_size, D), dtype))
+
+
+# ----------------------------------------------------------------------------
+# sequence helpers
+
+
+def token_mask(char_ids: jax.Array) -> jax.Array:
+    """[..., T, C] char ids -> [..., T] bool: a token is real iff any id is > 0."""
+    return jnp.any(char_ids > 0, axis=-1)
+
+
+def add_sentence_boundaries(char_ids: jax.Array, lengths: jax.Array) -> jax.Array:
+    """[B, T, C] -> [B, T+2, C]: `<S>` before and `</S>` after each row's real tokens."""
+    B, T, C = char_ids.shape
+    bos = jnp.asarray(chars.bos_char_ids(C))
+    eos = jnp.asarray(chars.eos_char_ids(C))
+    out = jnp.concatenate([jnp.broadcast_to(bos, (B, 1, C)), char_ids,
+                           jnp.zeros((B, 1, C), char_ids.dtype)], axis=1)
+    at_eos = (jnp.arange(T + 2)[None, :] == (lengths + 1)[:, None])[..., None]
+    return jnp.where(at_eos, eos, out)
+
+
+def reverse_padded(x: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Reverse the first lengths[b] positions of each row of x [B, T, ...];
+    positions past a row's length stay where they are. Its own inverse."""
+    T = x.shape[1]
+    t = jnp.arange(T)[None, :]
+    idx = jnp.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)
+    idx = idx.reshape(idx.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, idx, axis=1)
+
+
+# ----------------------------------------------------------------------------
+# the LSTM
+
+
+def lstm_step(w_h, w_proj, cell_clip, proj_clip, carry, inputs):
+    """One time step of both directions of one layer.
+
+    w_h: [2, P, 4D], w_proj: [2, D, P]; carry: (h [2, B, P], c [2, B, D]);
+    inputs: (gates from the input, bias included [2, B, 4D], mask [B]).
+    Masked rows keep their state and output zeros."""
+    h, c = carry
+    gx, m = inputs
+    gates = gx + jnp.einsum("dbp,dpg->dbg", h.astype(w_h.dtype), w_h,
+                            preferred_element_type=jnp.float32)
+    i, f, g, o = jnp.split(gates, 4, axis=-1)
+    c_new = jax.nn.sigmoid(f + FORGET_BIAS) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    if cell_clip is not None:
+        c_new = jnp.clip(c_new, -cell_clip, cell_clip)
+    h_new = jnp.einsum("dbk,dkp->dbp", (jax.nn.sigmoid(o) * jnp.tanh(c_new)).astype(w_proj.dtype),
+                       w_proj, preferred_element_type=jnp.float32)
+    if proj_clip is not None:
+        h_new = jnp.clip(h_new, -proj_clip, proj_clip)
+    m = m[None, :, None]
+    return (jnp.where(m, h_new, h), jnp.where(m, c_new, c)), jnp.where(m, h_new, 0.0)
+
+
+def _uniform(limit: float):
+    """U(-limit, limit)."""
+    return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, -limit, limit)
+
+
+def _glorot_rows(fan_in: int, fan_out: int):
+    """Glorot-uniform init of one slice of a [fan_in, fan_out] matrix stored in
+    pieces (TF initialises W_0 = [w_in; w_h] as one matrix)."""
+    return _uniform(float(np.sqrt(6.0 / (fan_in + fan_out))))
+
+
+class LSTMLayer(nn.Module):
+    """One layer, both directions, with projection and clipping."""
+    dim: int
+    projection_dim: int
+    cell_clip: float | None
+    proj_clip: float | None
+    unroll: int = 1
+    dtype: jnp.dtype = jnp.float32  # matmul input dtype; state and gates stay float32
+
+    @nn.compact
+    def __call__(self, x, mask, h0, c0):
+        """x: [2, B, T, Pin], mask: [B, T] bool, h0: [2, B, P], c0: [2, B, D]
+        -> (outputs [2, B, T, P], (h [2, B, P], c [2, B, D]))."""
+        D, P, Pin = self.dim, self.projection_dim, x.shape[-1]
+        init = _glorot_rows(Pin + P, 4 * D)
+        w_in = self.param("w_in", init, (2, Pin, 4 * D))
+        w_h = self.param("w_h", init, (2, P, 4 * D))
+        b = self.param("b", nn.initializers.zeros, (2, 4 * D))
+        w_proj = self.param("w_proj", _glorot_rows(D, P), (2, D, P))
+        gx = jnp.einsum("dbtp,dpg->tdbg", x.astype(self.dtype), w_in.astype(self.dtype),
+                        preferred_element_type=jnp.float32) + b[None, :, None, :]
+        step = lambda carry, inputs: lstm_step(  # noqa: E731
+            w_h.astype(self.dtype), w_proj.astype(self.dtype), self.cell_clip,
+            self.proj_clip, carry, inputs)
+        (h, c), out = jax.lax.scan(step, (h0, c0), (gx, mask.T), unroll=self.unroll)
+        return jnp.transpose(out, (1, 2, 0, 3)), (h, c)
+
+
+class BiLSTM(nn.Module):
+    """L layers of LSTMLayer with dropout on each layer's input (bilm-tf's
+    DropoutWrapper) and a residual connection around layers >= 1."""
+    options: ElmoOptions
+    unroll: int = 1
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, mask, state: LSTMState, deterministic: bool = True):
+        """x: [2, B, T, P], mask: [B, T] -> (outputs [L, 2, B, T, P], LSTMState)."""
+        o = self.options.lstm
+        outputs, hs, cs = [], [], []
+        for layer in range(o.n_layers):
+            x_in = nn.Dropout(self.options.dropout)(x, deterministic=deterministic)
+            out, (h, c) = LSTMLayer(o.dim, o.projection_dim, o.cell_clip, o.proj_clip,
+                                    unroll=self.unroll, dtype=self.dtype,
+                                    name=f"layer_{layer}")(x_in, mask, state.h[layer], state.c[layer])
+            if o.use_skip_connections and layer > 0:
+                out = out + x_in
+            outputs.append(out)
+            hs.append(h)
+            cs.append(c)
+            x = out
+        return jnp.stack(outputs), LSTMState(jnp.stack(hs), jnp.stack(cs))
+
+
+# ----------------------------------------------------------------------------
+# the character encoder
+
+
+class Highway(nn.Module):
+    """bilm-tf's highway layer: the gate it calls "carry" weights the transform."""
+
+    @nn.compact
+    def __call__(self, x):
+        F = x.shape[-1]
+        init = nn.initializers.normal(stddev=float(np.sqrt(1.0 / F)))
+        w_carry = self.param("w_carry", init, (F, F))
+        b_carry = self.param("b_carry", nn.initializers.constant(-2.0), (F,))
+        w_transform = self.param("w_transform", init, (F, F))
+        b_transform = self.param("b_transform", nn.initializers.zeros, (F,))
+        gate = jax.nn.sigmoid(x @ w_carry + b_carry)
+        return gate * jax.nn.relu(x @ w_transform + b_transform) + (1.0 - gate) * x
+
+
+class CharEncoder(nn.Module):
+    """char ids [..., C] -> token vectors [..., P]: embedding, convolutions, max
+    over positions, activation, highway layers, linear projection."""
+    options: ElmoOptions
+
+    @nn.compact
+    def __call__(self, char_ids):
+        c = self.options.char_cnn
+        C = char_ids.shape[-1]
+        table = self.param("char_embed", _uniform(1.0), (N_CHAR_ROWS, c.embedding_dim))
+        x = jnp.take(table, char_ids.reshape(-1, C), axis=0)
+        pooled = []
+        for i, (width, num) in enumerate(c.filters):
+            if c.activation == "relu":
+                init = _uniform(0.05)  # Kim et al. 2015, as bilm-tf
+            else:
+                init = nn.initializers.normal(float(np.sqrt(1.0 / (width * c.embedding_dim))))
+            conv = nn.Conv(num, (width,), padding="VALID", kernel_init=init, name=f"conv_{i}")
+            pooled.append(jnp.max(conv(x), axis=1))
+        act = jax.nn.relu if c.activation == "relu" else jnp.tanh
+        x = act(jnp.concatenate(pooled, axis=-1))
+        for k in range(c.n_highway):
+            x = Highway(name=f"highway_{k}")(x)
+        x = nn.Dense(self.options.lstm.projection_dim, name="proj",
+                     kernel_init=nn.initializers.normal(float(np.sqrt(1.0 / c.n_filters))))(x)
+        return x.reshape(char_ids.shape[:-1] + (x.shape[-1],))
+
+
+class BiLM(nn.Module):
+    """The bidirectional language model without its softmax."""
+    options: ElmoOptions
+    unroll: int = 1
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        self.char_encoder = CharEncoder(self.options)
+        self.lstm = BiLSTM(self.options, unroll=self.unroll, dtype=self.dtype)
+
+    def tokens(self, char_ids):
+        """[..., C] -> [..., P] context-independent token vectors."""
+        return self.char_encoder(char_ids)
+
+    def lstms(self, x, mask, state, deterministic=True):
+        """[2, B, T, P] -> ([L, 2, B, T, P], LSTMState); see BiLSTM."""
+        return self.lstm(x, mask, state, deterministic)
+
+    def __call__(self, char_ids, deterministic=True):
+        """Init helper: [2, B, T, C] char ids of both readings -> top layer [2, B, T, P]."""
+        x = self.tokens(char_ids)
+        mask = token_mask(char_ids[0])
+        out, _ = self.lstms(x, mask, init_state(self.options, char_ids.shape[1]), deterministic)
+        return out[-1]
+
+
+def init_params(options: ElmoOptions, rng: jax.Array) -> dict:
+    """Random biLM parameters initialised as bilm-tf does (row 0 of the char
+    embedding, the padding id, is zero)."""
+    dummy = jnp.zeros((2, 1, 1, options.char_cnn.max_characters_per_token), jnp.int32)
+    params = BiLM(options).init(rng, dummy)["params"]
+    table = params["char_encoder"]["char_embed"]
+    params["char_encoder"]["char_embed"] = table.at[0].set(0.0)
+    return params

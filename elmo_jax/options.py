@@ -1,0 +1,224 @@
+"""ElmoOptions: bilm-tf's `options.json` as a frozen, hashable dataclass.
+
+The JSON layout is bilm-tf's (and AllenNLP's):
+
+    {"lstm": {"dim", "projection_dim", "n_layers", "cell_clip", "proj_clip",
+              "use_skip_connections"},
+     "char_cnn": {"activation", "embedding": {"dim"}, "filters", "n_highway",
+                  "n_characters", "max_characters_per_token"},
+     "bidirectional", "dropout", "n_tokens_vocab", "n_negative_samples_batch",
+     "batch_size", "unroll_steps", "n_epochs", "n_train_tokens", "all_clip_norm_val"}
+
+Options are hashable so that `jax.jit(embed, static_argnames="options")` can key
+its compilation cache on them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+# bilm-tf trains with 261 character ids (0..260); inference files say 262 because
+# the loader prepends a zero row for the padding id 0. Both describe the same table.
+_N_CHARACTERS_ALLOWED = (261, 262)
+_ACTIVATIONS = ("relu", "tanh")
+
+
+class OptionsError(ValueError):
+    """An options.json that cannot describe a biLM; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LSTMOptions:
+    dim: int = 4096
+    projection_dim: int = 512
+    n_layers: int = 2
+    cell_clip: float | None = 3.0
+    proj_clip: float | None = 3.0
+    use_skip_connections: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class CharCNNOptions:
+    activation: str = "relu"
+    embedding_dim: int = 16  # "embedding": {"dim": ...} in the JSON
+    filters: tuple[tuple[int, int], ...] = (
+        (1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
+    n_highway: int = 2
+    n_characters: int = 262
+    max_characters_per_token: int = 50
+
+    @property
+    def n_filters(self) -> int:
+        return sum(n for _, n in self.filters)
+
+
+@dataclasses.dataclass(frozen=True)
+class ElmoOptions:
+    """Every field of bilm-tf's options.json. Model fields are nested as in the
+    JSON (`options.lstm.dim`); training fields sit at the top level. Top-level
+    fields that bilm-tf does not know are kept, in order and JSON-encoded, in
+    `extra` so that a file round-trips."""
+
+    lstm: LSTMOptions = LSTMOptions()
+    char_cnn: CharCNNOptions = CharCNNOptions()
+    bidirectional: bool = True
+    dropout: float = 0.1
+    n_tokens_vocab: int | None = None
+    n_negative_samples_batch: int = 8192
+    batch_size: int = 128
+    unroll_steps: int = 20
+    n_epochs: int = 10
+    n_train_tokens: int | None = None
+    all_clip_norm_val: float = 10.0
+    extra: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        _validate(self)
+
+    # -- JSON ---------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict) -> "ElmoOptions":
+        if not isinstance(d, dict):
+            raise OptionsError(f"options must be a JSON object, got {type(d).__name__}")
+        d = dict(d)
+        for section in ("lstm", "char_cnn"):
+            if section not in d:
+                raise OptionsError(f"options: missing section '{section}'")
+            if not isinstance(d[section], dict):
+                raise OptionsError(f"options: '{section}' must be an object")
+        lstm_d = dict(d.pop("lstm"))
+        cnn_d = dict(d.pop("char_cnn"))
+        lstm = _build(LSTMOptions, lstm_d, "lstm")
+        emb = cnn_d.pop("embedding", None)
+        if not isinstance(emb, dict) or "dim" not in emb:
+            raise OptionsError("options: missing field 'char_cnn.embedding.dim'")
+        cnn_d["embedding_dim"] = emb["dim"]
+        if "filters" in cnn_d:
+            try:
+                cnn_d["filters"] = tuple((int(w), int(n)) for w, n in cnn_d["filters"])
+            except (TypeError, ValueError):
+                raise OptionsError(
+                    "options: 'char_cnn.filters' must be a list of [width, count] pairs, "
+                    f"got {cnn_d['filters']!r}") from None
+        char_cnn = _build(CharCNNOptions, cnn_d, "char_cnn")
+        known = {f.name for f in dataclasses.fields(cls)} - {"lstm", "char_cnn", "extra"}
+        top = {k: d.pop(k) for k in list(d) if k in known}
+        extra = tuple((k, json.dumps(v)) for k, v in d.items())
+        return cls(lstm=lstm, char_cnn=char_cnn, extra=extra, **top)
+
+    def to_dict(self) -> dict:
+        lstm = dataclasses.asdict(self.lstm)
+        cnn = dataclasses.asdict(self.char_cnn)
+        cnn["embedding"] = {"dim": cnn.pop("embedding_dim")}
+        cnn["filters"] = [list(f) for f in self.char_cnn.filters]
+        out = {"lstm": lstm, "char_cnn": cnn}
+        for f in dataclasses.fields(self):
+            if f.name not in ("lstm", "char_cnn", "extra"):
+                value = getattr(self, f.name)
+                if value is not None:
+                    out[f.name] = value
+        out.update({k: json.loads(v) for k, v in self.extra})
+        return out
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "ElmoOptions":
+        try:
+            with open(path, encoding="utf-8") as fh:
+                d = json.load(fh)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"options file not found: {path}") from None
+        except json.JSONDecodeError as e:
+            raise OptionsError(f"{path}: not valid JSON ({e})") from None
+        try:
+            return cls.from_dict(d)
+        except OptionsError as e:
+            raise OptionsError(f"{path}: {e}") from None
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(self.to_dict(), fh, indent=2)
+            fh.write("\n")
+
+    def replace(self, **changes) -> "ElmoOptions":
+        return dataclasses.replace(self, **changes)
+
+    # -- derived sizes --------------------------------------------------------
+    @property
+    def output_dim(self) -> int:
+        """Width of one layer of `embed`'s output: forward and backward halves."""
+        return 2 * self.lstm.projection_dim
+
+    @property
+    def n_output_layers(self) -> int:
+        """Token layer plus one per LSTM layer."""
+        return self.lstm.n_layers + 1
+
+
+def _build(klass, d: dict, prefix: str):
+    names = {f.name for f in dataclasses.fields(klass)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise OptionsError(f"options: unknown field '{prefix}.{unknown[0]}'")
+    return klass(**d)
+
+
+def _check(cond: bool, field: str, msg: str):
+    if not cond:
+        raise OptionsError(f"options: '{field}' {msg}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _validate(o: ElmoOptions) -> None:
+    l, c = o.lstm, o.char_cnn
+    _check(isinstance(l, LSTMOptions), "lstm", "must be an LSTMOptions")
+    _check(isinstance(c, CharCNNOptions), "char_cnn", "must be a CharCNNOptions")
+    for name in ("dim", "projection_dim", "n_layers"):
+        v = getattr(l, name)
+        _check(_is_int(v) and v > 0, f"lstm.{name}", f"must be a positive integer, got {v!r}")
+    for name in ("cell_clip", "proj_clip"):
+        v = getattr(l, name)
+        _check(v is None or (_is_num(v) and v > 0), f"lstm.{name}",
+               f"must be a positive number or null, got {v!r}")
+    _check(isinstance(l.use_skip_connections, bool), "lstm.use_skip_connections",
+           f"must be true or false, got {l.use_skip_connections!r}")
+    _check(c.activation in _ACTIVATIONS, "char_cnn.activation",
+           f"must be one of {_ACTIVATIONS}, got {c.activation!r}")
+    _check(_is_int(c.embedding_dim) and c.embedding_dim > 0, "char_cnn.embedding.dim",
+           f"must be a positive integer, got {c.embedding_dim!r}")
+    _check(isinstance(c.filters, tuple) and len(c.filters) > 0, "char_cnn.filters",
+           "must be a non-empty list of [width, count] pairs")
+    for w, n in c.filters:
+        _check(_is_int(w) and _is_int(n) and w > 0 and n > 0, "char_cnn.filters",
+               f"has an invalid pair [{w}, {n}]: width and count must be positive")
+        _check(w <= c.max_characters_per_token, "char_cnn.filters",
+               f"has width {w} wider than max_characters_per_token "
+               f"{c.max_characters_per_token}")
+    _check(_is_int(c.n_highway) and c.n_highway >= 0, "char_cnn.n_highway",
+           f"must be a non-negative integer, got {c.n_highway!r}")
+    _check(c.n_characters in _N_CHARACTERS_ALLOWED, "char_cnn.n_characters",
+           f"must be 261 (training) or 262 (inference), got {c.n_characters!r}")
+    _check(_is_int(c.max_characters_per_token) and c.max_characters_per_token >= 3,
+           "char_cnn.max_characters_per_token",
+           f"must be an integer >= 3, got {c.max_characters_per_token!r}")
+    _check(isinstance(o.bidirectional, bool), "bidirectional", "must be true or false")
+    _check(o.bidirectional, "bidirectional",
+           "must be true: elmo-jax builds bidirectional language models only")
+    _check(_is_num(o.dropout) and 0.0 <= o.dropout < 1.0, "dropout",
+           f"must be in [0, 1), got {o.dropout!r}")
+    _check(o.n_tokens_vocab is None or (_is_int(o.n_tokens_vocab) and o.n_tokens_vocab > 3),
+           "n_tokens_vocab", f"must be an integer > 3, got {o.n_tokens_vocab!r}")
+    for name in ("n_negative_samples_batch", "batch_size", "unroll_steps", "n_epochs"):
+        v = getattr(o, name)
+        _check(_is_int(v) and v > 0, name, f"must be a positive integer, got {v!r}")
+    _check(o.n_train_tokens is None or (_is_int(o.n_train_tokens) and o.n_train_tokens > 0),
+           "n_train_tokens", f"must be a positive integer, got {o.n_train_tokens!r}")
+    _check(_is_num(o.all_clip_norm_val) and o.all_clip_norm_val > 0, "all_clip_norm_val",
+           f"must be a positive number, got {o.all_clip_norm_val!r}")

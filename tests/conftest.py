@@ -1,0 +1,54 @@
+"""Shared test helpers: the bilm-tf fixture set and small random configs."""
+import os
+
+import numpy as np
+import pytest
+
+# Tests run on the CPU with a fixed number of host threads; keep JAX quiet.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "fixtures", "bilm-tf")
+REPO = os.path.dirname(HERE)
+
+
+def tiny_options_dict(skip=True, cell_clip=1.0, proj_clip=0.5, n_highway=2, activation="relu"):
+    """A small biLM whose clips bite with random weights."""
+    return {
+        "lstm": {"dim": 24, "projection_dim": 8, "n_layers": 2, "cell_clip": cell_clip,
+                 "proj_clip": proj_clip, "use_skip_connections": skip},
+        "char_cnn": {"activation": activation, "embedding": {"dim": 4},
+                     "filters": [[1, 4], [2, 6], [3, 6]], "n_highway": n_highway,
+                     "n_characters": 262, "max_characters_per_token": 50},
+    }
+
+
+def random_tf_datasets(options, seed=0):
+    """Random weights in bilm-tf's hdf5 layout, scaled so that activations and
+    clipping are exercised (gates are not saturated)."""
+    from elmo_jax.weights import expected_shapes
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in expected_shapes(options).items():
+        fan_in = shape[-2] if len(shape) >= 2 else 1
+        if name.endswith("W_cnn_0") or "W_cnn" in name:
+            fan_in = shape[1] * shape[2]
+        scale = 1.5 / np.sqrt(fan_in) if len(shape) >= 2 else 0.3
+        if name == "char_embed":
+            scale = 1.0
+        out[name] = (rng.standard_normal(shape) * scale).astype(np.float32)
+    return out
+
+
+def write_datasets(path, datasets):
+    import h5py
+
+    with h5py.File(path, "w") as fh:
+        for k, v in datasets.items():
+            fh.create_dataset(k, data=v)
+
+
+@pytest.fixture(scope="session")
+def fixture_dir():
+    return FIXTURES

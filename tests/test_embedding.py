@@ -1,0 +1,169 @@
+"""embed as a JAX function (jit, grad, vmap, sharding), the scalar mix, the
+notebook wrapper, and bad input."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import elmo_jax
+from conftest import REPO, random_tf_datasets, tiny_options_dict, write_datasets
+from test_fixtures import _batches, _expected
+from test_model import SENTENCES, ref_elmo
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    opts = tiny_options_dict()
+    options = elmo_jax.ElmoOptions.from_dict(opts)
+    ds = random_tf_datasets(options, seed=5)
+    path = tmp_path_factory.mktemp("w") / "w.hdf5"
+    write_datasets(path, ds)
+    return opts, options, ds, elmo_jax.load_weights(path, options)
+
+
+def test_jit_equals_eager(model):
+    _, options, _, params = model
+    ids = elmo_jax.batch_to_char_ids(SENTENCES)
+    jitted = elmo_jax.embed(params, ids, options)
+    with jax.disable_jit():
+        eager = elmo_jax.embed(params, ids, options)
+    np.testing.assert_allclose(np.asarray(jitted.layers), np.asarray(eager.layers), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(jitted.state.c), np.asarray(eager.state.c), atol=1e-6)
+
+
+def test_vmap_over_batches(model):
+    _, options, _, params = model
+    a = elmo_jax.batch_to_char_ids(SENTENCES[:2], min_length=12)
+    b = elmo_jax.batch_to_char_ids(SENTENCES[3:5], min_length=12)
+    both = jax.vmap(lambda ids: elmo_jax.embed(params, ids, options).layers)(jnp.stack([a, b]))
+    np.testing.assert_allclose(both[0], elmo_jax.embed(params, a, options).layers, atol=1e-6)
+    np.testing.assert_allclose(both[1], elmo_jax.embed(params, b, options).layers, atol=1e-6)
+
+
+def test_grad_through_mix_and_embed_is_finite_and_nonzero(model):
+    _, options, _, params = model
+    ids = elmo_jax.batch_to_char_ids(SENTENCES)
+    mix = elmo_jax.init_mix(options, n_mixes=2)
+
+    def loss(mix, params):
+        out = elmo_jax.embed(params, ids, options, mix=mix, mix_layer_norm=True)
+        return jnp.sum(out.mixed[0] ** 2) + jnp.sum(jnp.sin(out.mixed[1]))
+
+    g_mix, g_params = jax.jit(jax.grad(loss, argnums=(0, 1)))(mix, params)
+    leaves = jax.tree.leaves((g_mix, g_params))
+    assert all(bool(jnp.isfinite(x).all()) for x in leaves)
+    assert float(jnp.abs(g_mix["weights"]).sum()) > 0
+    assert float(jnp.abs(g_params["lstm"]["layer_0"]["w_h"]).sum()) > 0
+
+
+def _allennlp_scalar_mix(layers, mask, w, gamma, layer_norm):
+    """AllenNLP's ScalarMix on layers [K, T, W] with mask [T] (float64)."""
+    s = np.exp(w - w.max())
+    s = s / s.sum()
+    out = 0
+    for k, t in enumerate(layers):
+        if layer_norm:
+            m = mask[:, None]
+            n = mask.sum() * t.shape[-1]
+            mean = (t * m).sum() / n
+            var = (((t * m - mean) * m) ** 2).sum() / n
+            t = (t - mean) / np.sqrt(var + 1e-13)
+        out = out + s[k] * t
+    return gamma * out
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_scalar_mix_matches_allennlp_semantics(model, layer_norm):
+    opts, options, ds, params = model
+    sentence = SENTENCES[0]
+    mix = {"weights": jnp.array([[0.3, -1.0, 0.5]]), "gamma": jnp.array([1.7])}
+    out = elmo_jax.embed(params, elmo_jax.batch_to_char_ids([sentence]), options, mix=mix,
+                         mix_layer_norm=layer_norm)
+    full, _ = ref_elmo(ds, opts, sentence, keep_boundaries=True)  # stats include <S>, </S>
+    want = _allennlp_scalar_mix(full, np.ones(full.shape[1]), np.array([0.3, -1.0, 0.5]), 1.7,
+                                layer_norm)[1:-1]
+    np.testing.assert_allclose(np.asarray(out.mixed[0][0]), want, atol=5e-5, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(out.mix_weights[0]).sum(), 1.0, rtol=1e-6)
+
+
+def test_wrapper_matches_embed_and_keeps_order(model):
+    _, options, _, params = model
+    elmo = elmo_jax.Elmo(params, options)
+    got = elmo.embed_sentences(SENTENCES, batch_size=2)
+    for sentence, arr in zip(SENTENCES, got):
+        want = elmo_jax.embed(params, elmo_jax.batch_to_char_ids([sentence]), options).layers[:, 0]
+        assert arr.shape == (3, len(sentence), 16)
+        np.testing.assert_allclose(arr, np.asarray(want)[:, :len(sentence)], atol=1e-5)
+
+
+def test_wrapper_buckets_lengths_so_new_inputs_rarely_compile(model):
+    _, options, _, params = model
+    elmo = elmo_jax.Elmo(params, options)
+    elmo.embed_sentences([["a"] * 9, ["b"] * 3], batch_size=2)
+    before = elmo_jax.embed._cache_size()
+    for n in range(9, 17):  # all lengths 9..16 share the bucket of 16
+        elmo.embed_sentences([["w"] * n, ["v"] * 2], batch_size=2)
+    assert elmo_jax.embed._cache_size() == before
+
+
+def test_stateful_wrapper_reproduces_the_fixture(fixture_dir):
+    elmo = elmo_jax.Elmo.from_files(os.path.join(fixture_dir, "options.json"),
+                                    os.path.join(fixture_dir, "lm_weights.hdf5"), stateful=True)
+    worst = 0.0
+    for i, batch in enumerate(_batches(fixture_dir)):
+        for k, arr in enumerate(elmo.embed_sentences(batch, batch_size=3)):
+            worst = max(worst, float(np.abs(arr[2] - _expected(fixture_dir, k, i)).max()))
+    assert worst <= 2e-6
+
+
+def test_bad_and_edge_input(model):
+    _, options, _, params = model
+    with pytest.raises(ValueError, match="empty batch"):
+        elmo_jax.embed(params, np.zeros((0, 3, 50), np.int32), options)
+    with pytest.raises(ValueError, match="characters per token"):
+        elmo_jax.embed(params, np.zeros((1, 3, 40), np.int32), options)
+    with pytest.raises(ValueError, match="state has 4 rows but the batch has 1"):
+        elmo_jax.embed(params, elmo_jax.batch_to_char_ids([["a"]]), options,
+                       elmo_jax.init_state(options, 4))
+    # empty sentences: zero-length results, no error
+    out = elmo_jax.embed(params, elmo_jax.batch_to_char_ids([[], []]), options)
+    assert out.layers.shape == (3, 2, 0, 16)
+    assert elmo_jax.Elmo(params, options).embed_sentences([[], ["ok"]])[0].shape == (3, 0, 16)
+    assert elmo_jax.Elmo(params, options).embed_sentences([]) == []
+    # a 60-byte token and non-ASCII tokens embed like any other
+    arr = elmo_jax.Elmo(params, options).embed_sentences([["ü" * 30, "数据", "x" * 60]])[0]
+    assert arr.shape == (3, 3, 16) and np.isfinite(arr).all()
+
+
+SHARDED = textwrap.dedent("""
+    import os, sys, numpy as np, jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    sys.path.insert(0, {tests!r})
+    import elmo_jax
+    from conftest import tiny_options_dict
+    options = elmo_jax.ElmoOptions.from_dict(tiny_options_dict())
+    params = elmo_jax.init_params(options, jax.random.PRNGKey(0))
+    sents = [["w%d" % i] * (1 + i % 5) for i in range(8)]
+    ids = elmo_jax.batch_to_char_ids(sents)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    sharded_ids = jax.device_put(ids, NamedSharding(mesh, P("data")))
+    out = jax.jit(lambda p, x: elmo_jax.embed(p, x, options).layers)(params, sharded_ids)
+    assert len(out.sharding.device_set) == 4, out.sharding
+    ref = elmo_jax.embed(params, ids, options).layers
+    print("maxdiff", float(np.abs(np.asarray(out) - np.asarray(ref)).max()))
+""")
+
+
+def test_sharded_jit_over_four_cpu_devices():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", SHARDED.format(tests=os.path.join(REPO, "tests"))],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    diff = float(r.stdout.split("maxdiff")[1])
+    assert diff < 1e-5

@@ -1,0 +1,149 @@
+"""`embed` against the same equations written once, in float64 numpy, straight
+from bilm-tf's weight layout (TF gate order i, j, f, o; forget bias +1 at run
+time; [input; h_prev] rows in W_0). Random weights, ragged batch."""
+import numpy as np
+import pytest
+
+import elmo_jax
+from conftest import random_tf_datasets, tiny_options_dict, write_datasets
+
+SENTENCES = [
+    ["The", "bank", "of", "the", "river", "."],
+    ["Naïve", "café", "—", "日本語", "x" * 60],
+    ["a"],
+    [],
+    ["Light", "plays", "on", "the", "water", "and", "the", "light", "fades", "."],
+]
+
+
+def ref_char_ids(token):
+    """bilm-tf's spelling of a token, shifted by +1 (written out independently)."""
+    if token in ("<S>", "</S>"):
+        ids = [258, 256 if token == "<S>" else 257, 259]
+    else:
+        ids = [258] + list(token.encode("utf-8")[:48]) + [259]
+    ids = ids + [260] * (50 - len(ids))
+    return np.array(ids) + 1
+
+
+def ref_token_vectors(ds, opts, tokens):
+    c = opts["char_cnn"]
+    table = np.vstack([np.zeros((1, ds["char_embed"].shape[1])), ds["char_embed"]])
+    out = []
+    for tok in tokens:
+        e = table[ref_char_ids(tok)]  # [50, E]
+        feats = []
+        for i, (w, n) in enumerate(c["filters"]):
+            W, b = ds[f"CNN/W_cnn_{i}"][0], ds[f"CNN/b_cnn_{i}"]  # [w, E, n]
+            conv = np.stack([np.einsum("ke,ken->n", e[t:t + w], W) + b
+                             for t in range(50 - w + 1)])
+            feats.append(conv.max(axis=0))
+        x = np.concatenate(feats)
+        x = np.maximum(x, 0) if c["activation"] == "relu" else np.tanh(x)
+        for k in range(c["n_highway"]):
+            g = f"CNN_high_{k}"
+            gate = 1 / (1 + np.exp(-(x @ ds[f"{g}/W_carry"] + ds[f"{g}/b_carry"])))
+            x = gate * np.maximum(x @ ds[f"{g}/W_transform"] + ds[f"{g}/b_transform"], 0) \
+                + (1 - gate) * x
+        out.append(x @ ds["CNN_proj/W_proj"] + ds["CNN_proj/b_proj"])
+    return np.array(out)
+
+
+def ref_lstm(ds, opts, direction, xs, h0=None, c0=None):
+    """One direction, all layers, over xs [T, P]; returns per-layer outputs and final states."""
+    lo = opts["lstm"]
+    sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
+    outputs, finals = [], []
+    for layer in range(lo["n_layers"]):
+        g = f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
+        W, B, WP = ds[f"{g}/W_0"], ds[f"{g}/B"], ds[f"{g}/W_P_0"]
+        h = np.zeros(lo["projection_dim"]) if h0 is None else h0[layer]
+        c = np.zeros(lo["dim"]) if c0 is None else c0[layer]
+        ys = []
+        for x in xs:
+            i, j, f, o = np.split(np.concatenate([x, h]) @ W + B, 4)
+            c = sig(f + 1.0) * c + sig(i) * np.tanh(j)
+            c = np.clip(c, -lo["cell_clip"], lo["cell_clip"])
+            h = np.clip((sig(o) * np.tanh(c)) @ WP, -lo["proj_clip"], lo["proj_clip"])
+            ys.append(h)
+        ys = np.array(ys)
+        if lo["use_skip_connections"] and layer > 0:
+            ys = ys + xs
+        outputs.append(ys)
+        finals.append((h, c))
+        xs = ys
+    return outputs, finals
+
+
+def ref_elmo(ds, opts, sentence, keep_boundaries=False):
+    """[L+1, n, 2P] layers (n + 2 with `keep_boundaries`) and the final (h, c)
+    per layer and direction."""
+    ds = {k: v.astype(np.float64) for k, v in ds.items()}
+    x = ref_token_vectors(ds, opts, ["<S>"] + sentence + ["</S>"])
+    fwd, ffin = ref_lstm(ds, opts, 0, x)
+    bwd, bfin = ref_lstm(ds, opts, 1, x[::-1])
+    layers = [np.concatenate([x, x], -1)] + [np.concatenate([f, b[::-1]], -1)
+                                             for f, b in zip(fwd, bwd)]
+    layers = np.array(layers)
+    return (layers if keep_boundaries else layers[:, 1:-1]), (ffin, bfin)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_embed_matches_float64_reference(tmp_path, skip):
+    opts = tiny_options_dict(skip=skip)
+    options = elmo_jax.ElmoOptions.from_dict(opts)
+    ds = random_tf_datasets(options, seed=1 + skip)
+    write_datasets(tmp_path / "w.hdf5", ds)
+    params = elmo_jax.load_weights(tmp_path / "w.hdf5", options)
+    out = elmo_jax.embed(params, elmo_jax.batch_to_char_ids(SENTENCES), options)
+    layers, mask = np.asarray(out.layers), np.asarray(out.mask)
+    P = options.lstm.projection_dim
+    clipped = 0
+    for b, sentence in enumerate(SENTENCES):
+        want, (ffin, bfin) = ref_elmo(ds, opts, sentence)
+        n = len(sentence)
+        np.testing.assert_allclose(layers[:, b, :n], want, atol=2e-5, rtol=1e-5)
+        assert not layers[:, b, n:].any(), "padding must be zero"
+        assert mask[b].tolist() == [True] * n + [False] * (mask.shape[1] - n)
+        for layer in range(options.lstm.n_layers):
+            for d, fin in enumerate((ffin, bfin)):
+                np.testing.assert_allclose(out.state.h[layer, d, b], fin[layer][0], atol=2e-5)
+                np.testing.assert_allclose(out.state.c[layer, d, b], fin[layer][1], atol=2e-5)
+        clipped += int(np.sum(np.isclose(np.abs(want[1:, :, :P]), 0.5)))
+    assert clipped > 0, "the random weights should make the projection clip bite"
+
+
+def test_stateful_continuation_matches_reference(tmp_path):
+    """Passing the returned state continues exactly like one long reading."""
+    opts = tiny_options_dict()
+    options = elmo_jax.ElmoOptions.from_dict(opts)
+    ds = random_tf_datasets(options, seed=3)
+    write_datasets(tmp_path / "w.hdf5", ds)
+    params = elmo_jax.load_weights(tmp_path / "w.hdf5", options)
+    first, second = [["one", "two"]], [["three", "four", "five"]]
+    out1 = elmo_jax.embed(params, elmo_jax.batch_to_char_ids(first), options)
+    out2 = elmo_jax.embed(params, elmo_jax.batch_to_char_ids(second), options, out1.state)
+
+    dsf = {k: v.astype(np.float64) for k, v in ds.items()}
+    _, (ffin, bfin) = ref_elmo(ds, opts, first[0])
+    x = ref_token_vectors(dsf, opts, ["<S>"] + second[0] + ["</S>"])
+    h0 = [f[0] for f in ffin]
+    c0 = [f[1] for f in ffin]
+    fwd, _ = ref_lstm(dsf, opts, 0, x, h0, c0)
+    bwd, _ = ref_lstm(dsf, opts, 1, x[::-1], [f[0] for f in bfin], [f[1] for f in bfin])
+    top = np.concatenate([fwd[-1], bwd[-1][::-1]], -1)[1:-1]
+    np.testing.assert_allclose(np.asarray(out2.layers[2, 0]), top, atol=2e-5)
+    fresh = elmo_jax.embed(params, elmo_jax.batch_to_char_ids(second), options)
+    assert np.abs(np.asarray(fresh.layers[2]) - np.asarray(out2.layers[2])).max() > 1e-3
+
+
+def test_init_params_shapes_match_the_weight_format():
+    import jax
+
+    from elmo_jax.weights import expected_shapes, params_to_datasets
+
+    options = elmo_jax.ElmoOptions.from_dict(tiny_options_dict())
+    params = elmo_jax.init_params(options, jax.random.PRNGKey(0))
+    ds = params_to_datasets(params, options)
+    assert {k: v.shape for k, v in ds.items()} == expected_shapes(options)
+    assert not np.asarray(params["char_encoder"]["char_embed"][0]).any()
