@@ -177,6 +177,9 @@ def save_weights(path: str | os.PathLike, params: dict, options: ElmoOptions) ->
         with h5py.File(tmp, "w") as fh:
             for name, arr in ds.items():
                 fh.create_dataset(name, data=arr)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a weights file is for sharing
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

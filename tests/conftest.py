@@ -52,3 +52,41 @@ def write_datasets(path, datasets):
 @pytest.fixture(scope="session")
 def fixture_dir():
     return FIXTURES
+
+
+def grammar_sentences(n, seed):
+    """Sentences of a small grammar with agreement: structure a biLM can learn
+    and a unigram model cannot."""
+    rng = np.random.default_rng(seed)
+    nouns = [("dog", "dogs"), ("cat", "cats"), ("bird", "birds"), ("child", "children"),
+             ("farmer", "farmers"), ("teacher", "teachers")]
+    verbs = [("sees", "see"), ("likes", "like"), ("chases", "chase"), ("helps", "help")]
+    adjs = ["big", "small", "old", "young", "happy"]
+    out = []
+    for _ in range(n):
+        plural = rng.random() < 0.5
+        subj = nouns[rng.integers(len(nouns))][plural]
+        verb = verbs[rng.integers(len(verbs))][plural]
+        obj = nouns[rng.integers(len(nouns))][rng.random() < 0.5]
+        s = ["the"] + ([adjs[rng.integers(len(adjs))]] if rng.random() < 0.5 else []) + [subj, verb]
+        s += ["the", obj]
+        if rng.random() < 0.3:
+            s += ["in", "the", ["park", "house", "garden"][rng.integers(3)]]
+        out.append(s + ["."])
+    return out
+
+
+def write_grammar_corpus(directory, n_train=400, n_heldout=60):
+    """train.txt, heldout.txt and vocab.txt (bilm-tf format) in `directory`."""
+    import collections
+
+    from elmo_jax.vocab import build_vocab
+
+    os.makedirs(directory, exist_ok=True)
+    train, held = grammar_sentences(n_train, 0), grammar_sentences(n_heldout, 1)
+    for name, sents in (("train.txt", train), ("heldout.txt", held)):
+        with open(os.path.join(directory, name), "w") as fh:
+            fh.write("\n".join(" ".join(s) for s in sents) + "\n")
+    counts = collections.Counter(w for s in train + held for w in s)
+    build_vocab(counts).to_file(os.path.join(directory, "vocab.txt"))
+    return {k: os.path.join(directory, k) for k in ("train.txt", "heldout.txt", "vocab.txt")}

@@ -1,0 +1,93 @@
+"""Text -> bilm-tf windows: streams, targets, resumable position, host shards."""
+import collections
+
+import numpy as np
+import pytest
+
+from elmo_jax import batch_to_char_ids
+from elmo_jax.data import Batcher, DataError, OnceSource, TextSource, read_sentences
+from elmo_jax.vocab import build_vocab
+
+
+def _corpus(tmp_path, sentences, name="a.txt"):
+    (tmp_path / name).write_text("\n".join(" ".join(s) for s in sentences) + "\n")
+    return str(tmp_path / name)
+
+
+def _vocab(sentences):
+    return build_vocab(collections.Counter(w for s in sentences for w in s))
+
+
+def test_windows_follow_bilm_tf(tmp_path):
+    sents = [["a", "b", "c"], ["d", "e"]]
+    vocab = _vocab(sents)
+    batcher = Batcher(iter(sents), vocab, batch_size=1, unroll_steps=3)
+    words = lambda ids: [vocab.words[i] for i in ids]  # noqa: E731
+    b1, b2, b3 = next(batcher), next(batcher), next(batcher)
+    # forward: <S> a b c </S> <S> d e </S>; inputs drop each sentence's last token
+    assert words(b1["targets"][0, 0]) == ["a", "b", "c"]
+    assert words(b2["targets"][0, 0]) == ["</S>", "d", "e"]
+    assert words(b3["targets"][0, 0][:1]) == ["</S>"] and b3["mask"][0].tolist() == [1, 0, 0]
+    np.testing.assert_array_equal(b1["char_ids"][0, 0], batch_to_char_ids([["<S>", "a", "b"]])[0])
+    # backward: </S> c b a <S> </S> e d <S>: targets are the previous tokens
+    assert words(b1["targets"][1, 0]) == ["c", "b", "a"]
+    assert words(b2["targets"][1, 0]) == ["<S>", "e", "d"]
+    np.testing.assert_array_equal(b1["char_ids"][1, 0], batch_to_char_ids([["</S>", "c", "b"]])[0])
+    with pytest.raises(StopIteration):
+        next(batcher)
+
+
+def test_every_token_predicted_once_per_direction(tmp_path):
+    sents = [[f"w{i}"] * (1 + i % 7) for i in range(40)]
+    batcher = Batcher(iter(sents), _vocab(sents), batch_size=4, unroll_steps=5)
+    total = sum(int(b["mask"].sum()) for b in batcher)
+    assert total == sum(len(s) + 1 for s in sents)
+
+
+def test_position_restore_continues_exactly(tmp_path):
+    sents = [[f"t{i}", f"u{i % 3}", "x"][: 1 + i % 3] for i in range(30)]
+    path = _corpus(tmp_path, sents)
+    vocab = _vocab(sents)
+    a = Batcher(TextSource(path, seed=3), vocab, 3, 4)
+    for _ in range(7):
+        next(a)
+    pos = a.position()
+    want = [next(a) for _ in range(25)]  # runs past an epoch boundary
+    b = Batcher(TextSource(path, seed=3), vocab, 3, 4)
+    b.restore(pos)
+    for w in want:
+        got = next(b)
+        for k in w:
+            np.testing.assert_array_equal(got[k], w[k])
+
+
+def test_epochs_reshuffle_with_the_seed(tmp_path):
+    paths = [_corpus(tmp_path, [[f"s{j}_{i}"] for i in range(20)], f"s{j}.txt") for j in range(3)]
+    del paths
+    src = TextSource(str(tmp_path / "*.txt"), seed=1)
+    epoch0 = [src.next_sentence()[0] for _ in range(60)]
+    epoch1 = [src.next_sentence()[0] for _ in range(60)]
+    assert sorted(epoch0) == sorted(epoch1) and epoch0 != epoch1
+    again = TextSource(str(tmp_path / "*.txt"), seed=1)
+    assert [again.next_sentence()[0] for _ in range(60)] == epoch0
+
+
+def test_hosts_read_disjoint_shards(tmp_path):
+    for j in range(4):
+        _corpus(tmp_path, [[f"s{j}"]], f"s{j}.txt")
+    shards = [set(TextSource(str(tmp_path / "*.txt"), process_index=i, process_count=2).shards)
+              for i in range(2)]
+    assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 4
+    with pytest.raises(DataError, match="cannot feed 5 processes"):
+        TextSource(str(tmp_path / "*.txt"), process_index=4, process_count=5)
+
+
+def test_bad_text(tmp_path):
+    (tmp_path / "bad.txt").write_bytes(b"fine line\nbad \xff byte\n")
+    with pytest.raises(DataError, match=r"bad.txt, line 2: not valid UTF-8"):
+        read_sentences(str(tmp_path / "bad.txt"))
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(DataError, match="the corpus is empty"):
+        TextSource(str(tmp_path / "empty.txt")).next_sentence()
+    with pytest.raises(DataError, match="no files match"):
+        OnceSource(str(tmp_path / "nothing*.txt"))

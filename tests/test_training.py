@@ -1,0 +1,263 @@
+"""Training end to end: it learns, it shards, it resumes exactly, it exports,
+and it fails clearly. Marked e2e: these train (tiny) models."""
+import collections
+import dataclasses
+import glob
+import hashlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import elmo_jax
+from conftest import FIXTURES, REPO, write_grammar_corpus
+from elmo_jax import training
+from elmo_jax.data import DataError, read_sentences
+from elmo_jax.vocab import VocabError
+
+pytestmark = pytest.mark.e2e
+TINY = os.path.join(REPO, "configs", "tiny.json")
+
+
+def tiny(batch_size=8, negatives=16, **train):
+    options, config = training.load_config(TINY)
+    options = options.replace(batch_size=batch_size, n_negative_samples_batch=negatives)
+    return options, dataclasses.replace(config, **{"log_every": 1, "checkpoint_every": 10**6,
+                                                   **train})
+
+
+def metrics(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as fh:
+        return [json.loads(line) for line in fh]
+
+
+def losses_by_step(workdir):
+    return {m["step"]: m["train_loss"] for m in metrics(workdir) if "train_loss" in m}
+
+
+def unigram_ppl(train_file, eval_file, vocab_file):
+    """Perplexity of an add-one unigram model over the biLM's targets (each
+    sentence's words plus one boundary token)."""
+    words = elmo_jax.vocab.Vocabulary.from_file(vocab_file).words
+    counts = collections.Counter()
+    for s in read_sentences(train_file):
+        counts.update(s + ["</S>"])
+    total = sum(counts.values()) + len(words)
+    nll, n = 0.0, 0
+    for s in read_sentences(eval_file):
+        for w in s + ["</S>"]:
+            nll -= math.log((counts[w] + 1) / total)
+            n += 1
+    return math.exp(nll / n)
+
+
+def test_tiny_learns_the_bilm_tf_fixture_corpus(tmp_path):
+    """bilm-tf's own training test: its fixture corpus, perplexity measured on it."""
+    data = os.path.join(FIXTURES, "train", "data.txt")
+    vocab = os.path.join(FIXTURES, "train", "vocab.txt")
+    options, config = tiny(max_steps=300, log_every=50)
+    last = training.train(options, config, data, vocab, str(tmp_path), eval_files=data,
+                          progress=False)
+    unigram = unigram_ppl(data, data, vocab)
+    assert last["eval_ppl"] < 0.25 * unigram, (last, unigram)
+    assert last["eval_ppl"] < 20  # bilm-tf's test asserts the same bound
+
+
+def test_tiny_beats_unigram_on_held_out_text(tmp_path):
+    files = write_grammar_corpus(tmp_path / "data")
+    options, config = tiny(max_steps=300, log_every=50)
+    last = training.train(options, config, files["train.txt"], files["vocab.txt"],
+                          str(tmp_path / "run"), eval_files=files["heldout.txt"], progress=False)
+    unigram = unigram_ppl(files["train.txt"], files["heldout.txt"], files["vocab.txt"])
+    assert last["eval_ppl"] < 0.4 * unigram, (last, unigram)
+    assert last["eval_ppl_forward"] > 1 and last["eval_ppl_backward"] > 1
+    first = metrics(tmp_path / "run")[0]["train_loss"]
+    assert last["eval_ppl"] < math.exp(first)
+
+
+DEVICE_RUN = textwrap.dedent("""
+    import dataclasses, json, sys
+    sys.path.insert(0, {tests!r})
+    import jax
+    from test_training import tiny, losses_by_step
+    from elmo_jax import training
+    options, config = tiny(max_steps=5)
+    training.train(options, config, {train!r}, {vocab!r}, {workdir!r}, progress=False)
+    print(json.dumps({{"devices": jax.device_count(), "losses": losses_by_step({workdir!r})}}))
+""")
+
+
+def _device_run(files, workdir, n_devices):
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}")
+    code = DEVICE_RUN.format(tests=os.path.join(REPO, "tests"), train=files["train.txt"],
+                             vocab=files["vocab.txt"], workdir=str(workdir))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_one_device_and_eight_devices_give_the_same_losses(tmp_path):
+    files = write_grammar_corpus(tmp_path / "data")
+    one = _device_run(files, tmp_path / "one", 1)
+    eight = _device_run(files, tmp_path / "eight", 8)
+    assert (one["devices"], eight["devices"]) == (1, 8)
+    assert len(one["losses"]) == 5
+    for step, loss in one["losses"].items():
+        assert abs(eight["losses"][step] - loss) <= 1e-5 * abs(loss), (step, loss, eight)
+
+
+def _train_cmd(files, workdir, max_steps, checkpoint_every):
+    return [sys.executable, os.path.join(REPO, "train.py"), "--config", TINY,
+            "--train_files", files["train.txt"], "--vocab_file", files["vocab.txt"],
+            "--workdir", str(workdir), "--max_steps", str(max_steps), "--batch_size", "8",
+            "--checkpoint_every", str(checkpoint_every), "--log_every", "1", "--no_progress"]
+
+
+def _wait_for(predicate, proc, timeout=300):
+    t0 = time.time()
+    while not predicate():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() - t0 < timeout, "timed out"
+        time.sleep(0.2)
+
+
+def test_killed_run_resumes_with_the_same_losses(tmp_path):
+    files = write_grammar_corpus(tmp_path / "data")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    ref = subprocess.run(_train_cmd(files, tmp_path / "ref", 30, 10), env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    work = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(files, work, 30, 10), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: os.path.isdir(work / "checkpoints" / "10"), proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    seen = max(losses_by_step(work))
+    assert seen < 30, "the run should have been killed before its end"
+    again = subprocess.run(_train_cmd(files, work, 30, 10), env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    want, got = losses_by_step(tmp_path / "ref"), {}
+    for m in metrics(work):  # the resumed run's records come last and win
+        if "train_loss" in m:
+            got[m["step"]] = m["train_loss"]
+    assert sorted(got) == list(range(1, 31))
+    for step in range(1, 31):
+        assert got[step] == pytest.approx(want[step], rel=1e-6), step
+
+
+def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
+    files = write_grammar_corpus(tmp_path / "data")
+    work = tmp_path / "run"
+    proc = subprocess.Popen(_train_cmd(files, work, 100000, 10**6), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    _wait_for(lambda: os.path.exists(work / "metrics.jsonl") and len(metrics(work)) >= 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "SIGTERM" in err and "checkpoint saved" in err
+    steps = [int(os.path.basename(p)) for p in glob.glob(str(work / "checkpoints" / "[0-9]*"))]
+    assert steps and max(steps) >= 3 and max(steps) == json.loads(out.splitlines()[-1])["step"]
+
+
+def test_export_then_load_reproduces_embed_exactly(tmp_path):
+    files = write_grammar_corpus(tmp_path / "data")
+    options, config = tiny(max_steps=3)
+    training.train(options, config, files["train.txt"], files["vocab.txt"], str(tmp_path / "run"),
+                   progress=False)
+    training.export(str(tmp_path / "run"), str(tmp_path / "out"))
+    _, _, state = training._restore_latest(str(tmp_path / "run"))
+    exported = elmo_jax.ElmoOptions.from_json(tmp_path / "out" / "options.json")
+    assert exported.char_cnn.n_characters == 262
+    loaded = elmo_jax.load_weights(tmp_path / "out" / "weights.hdf5", exported)
+    ids = elmo_jax.batch_to_char_ids([["the", "old", "dog", "sees", "the", "cat", "."], ["a"]])
+    a = elmo_jax.embed(state.params["bilm"], ids, exported).layers
+    b = elmo_jax.embed(loaded, ids, exported).layers
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert float(np.abs(np.asarray(a)).max()) > 0
+
+
+def test_fine_tune_from_exported_weights(tmp_path):
+    """--init_from: domain transfer starts from the pretrained biLM, not from scratch."""
+    files = write_grammar_corpus(tmp_path / "data")
+    options, config = tiny(max_steps=60)
+    training.train(options, config, files["train.txt"], files["vocab.txt"], str(tmp_path / "pre"),
+                   progress=False)
+    training.export(str(tmp_path / "pre"), str(tmp_path / "export"))
+    ft = training.train(options, dataclasses.replace(config, max_steps=1),
+                        files["train.txt"], files["vocab.txt"], str(tmp_path / "ft"),
+                        init_from=str(tmp_path / "export" / "weights.hdf5"), progress=False)
+    scratch = metrics(tmp_path / "pre")[0]  # step 1 from random weights
+    assert scratch["step"] == 1
+    assert ft["train_loss"] < scratch["train_loss"] - 0.5, (ft, scratch)
+
+
+def test_bad_inputs_fail_clearly(tmp_path):
+    files = write_grammar_corpus(tmp_path / "data")
+    options, config = tiny(max_steps=2)
+    (tmp_path / "empty.txt").write_text("\n")
+    with pytest.raises(DataError, match="the corpus is empty"):
+        training.train(options, config, str(tmp_path / "empty.txt"), files["vocab.txt"],
+                       str(tmp_path / "w1"), progress=False)
+    (tmp_path / "nospecials.txt").write_text("the\ndog\n")
+    with pytest.raises(VocabError, match="lacks the special token"):
+        training.train(options, config, files["train.txt"], str(tmp_path / "nospecials.txt"),
+                       str(tmp_path / "w2"), progress=False)
+    # the CLI says it in one line, without a traceback
+    r = subprocess.run(_train_cmd({"train.txt": str(tmp_path / "empty.txt"),
+                                   "vocab.txt": files["vocab.txt"]}, tmp_path / "w3", 2, 1),
+                       capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
+
+
+def _tree_digest(root):
+    h = hashlib.sha256()
+    for path in sorted(glob.glob(str(root) + "/**", recursive=True)):
+        if os.path.isfile(path):
+            h.update(path.encode())
+            with open(path, "rb") as fh:
+                h.update(fh.read())
+    return h.hexdigest()
+
+
+def test_corrupt_checkpoint_is_a_clear_error_and_nothing_is_overwritten(tmp_path):
+    files = write_grammar_corpus(tmp_path / "data")
+    options, config = tiny(max_steps=2)
+    work = str(tmp_path / "run")
+    training.train(options, config, files["train.txt"], files["vocab.txt"], work, progress=False)
+    for path in glob.glob(os.path.join(work, "checkpoints", "2", "state", "**"), recursive=True):
+        if os.path.isfile(path):
+            with open(path, "wb") as fh:
+                fh.write(b"garbage")
+    before = _tree_digest(work)
+    with pytest.raises(training.TrainingError, match="cannot be read"):
+        training.train(options, dataclasses.replace(config, max_steps=4), files["train.txt"],
+                       files["vocab.txt"], work, progress=False)
+    assert _tree_digest(work) == before
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    files = write_grammar_corpus(tmp_path / "data")
+    options, config = tiny(max_steps=50, checkpoint_every=1, learning_rate=1e38)
+    work = str(tmp_path / "run")
+    with pytest.raises(training.TrainingError, match="training stopped") as e:
+        training.train(options, config, files["train.txt"], files["vocab.txt"], work,
+                       progress=False)
+    bad_step = metrics(work)[-1]["step"]
+    assert metrics(work)[-1]["event"] == "diverged"
+    _, _, state = training._restore_latest(work)
+    assert int(state.step) == bad_step - 1, str(e.value)
+    assert all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(state.params))
