@@ -22,7 +22,7 @@ def _train(argv):
     ap = argparse.ArgumentParser(prog="train.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="configs/NAME.json")
-    ap.add_argument("--train_files", required=True, help="glob of sentence-per-line text files")
+    ap.add_argument("--train_files", help="glob of sentence-per-line text files (not with --source lm1b)")
     ap.add_argument("--vocab_file", required=True, help="bilm-tf vocabulary (see `train.py vocab`)")
     ap.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, run.json")
     ap.add_argument("--eval_files", help="glob of held-out files for perplexity")
@@ -60,9 +60,11 @@ def _train(argv):
     if args.batch_size:
         options = options.replace(batch_size=args.batch_size)
     source = None
+    if args.source == "text" and not args.train_files:
+        ap.error("--train_files is required (or --source lm1b)")
     if args.source == "lm1b":
-        source = data.Lm1bSource("train", seed=config.seed, process_index=jax.process_index(),
-                                 process_count=jax.process_count())
+        source = data.lm1b_source("train", seed=config.seed, process_index=jax.process_index(),
+                                  process_count=jax.process_count())
     last = training.train(options, config, args.train_files, args.vocab_file, args.workdir,
                           eval_files=args.eval_files, init_from=args.init_from,
                           progress=not args.no_progress, source=source)

@@ -116,50 +116,61 @@ class OnceSource:
             yield from read_sentences(path)
 
 
-class Lm1bSource:
-    """The One Billion Word Benchmark through TensorFlow Datasets, behind the
-    same interface as TextSource (optional: `pip install tensorflow-datasets`;
-    the data must already be prepared in TFDS's data dir, or downloadable).
-    Its sentences are already tokenised; epochs reshuffle files with the seed."""
+class IndexedSource:
+    """Sentences from a random-access collection of records (`len` and `[]`),
+    forever, in a seeded order reshuffled every epoch. Process i of n reads
+    records i, i + n, i + 2n, ... only."""
 
-    def __init__(self, split: str = "train", seed: int = 0, process_index: int = 0,
-                 process_count: int = 1, data_dir: str | None = None):
-        try:
-            import tensorflow_datasets as tfds
-        except ImportError:
-            raise DataError("the lm1b source needs TensorFlow Datasets: "
-                            "pip install tensorflow-datasets tensorflow-cpu") from None
-        self._tfds = tfds
-        self.split = tfds.even_splits(split, n=process_count)[process_index]
-        self.seed, self.data_dir = seed, data_dir
-        self.epoch, self.consumed = 0, 0
-        self._it = None
+    def __init__(self, records, text_key: str | None = None, seed: int = 0,
+                 process_index: int = 0, process_count: int = 1, name: str = "records"):
+        self.records, self.text_key, self.seed, self.name = records, text_key, seed, name
+        self.mine = np.arange(process_index, len(records), process_count, dtype=np.int64)
+        if len(self.mine) == 0:
+            raise DataError(f"{name} has no records for process {process_index} of {process_count}")
+        self.epoch, self.pos = 0, 0
+        self._order: tuple[int, np.ndarray] | None = None
 
-    def _iterator(self):
-        read_config = self._tfds.ReadConfig(shuffle_seed=self.seed + self.epoch)
-        ds = self._tfds.load("lm1b", split=self.split, shuffle_files=True, data_dir=self.data_dir,
-                             read_config=read_config)
-        return iter(self._tfds.as_numpy(ds.skip(self.consumed)))
+    def _permutation(self) -> np.ndarray:
+        if self._order is None or self._order[0] != self.epoch:
+            self._order = (self.epoch, np.random.default_rng([self.seed, self.epoch]).permutation(
+                self.mine))
+        return self._order[1]
 
     def next_sentence(self) -> list[str]:
-        for _ in range(2):
-            if self._it is None:
-                self._it = self._iterator()
-            for example in self._it:
-                self.consumed += 1
-                tokens = example["text"].decode("utf-8").split()
-                if tokens:
-                    return tokens
-            if self.consumed == 0:
-                raise DataError(f"lm1b split {self.split!r} is empty")
-            self.epoch, self.consumed, self._it = self.epoch + 1, 0, None
-        raise DataError(f"lm1b split {self.split!r} has no non-empty sentences")
+        for _ in range(len(self.mine) + 1):
+            if self.pos == len(self.mine):
+                self.epoch, self.pos = self.epoch + 1, 0
+            record = self.records[int(self._permutation()[self.pos])]
+            self.pos += 1
+            text = record[self.text_key] if self.text_key else record
+            tokens = (text.decode("utf-8") if isinstance(text, bytes) else text).split()
+            if tokens:
+                return tokens
+        raise DataError(f"{self.name} holds no non-empty sentences")
 
     def position(self) -> dict:
-        return {"epoch": self.epoch, "consumed": self.consumed}
+        return {"epoch": self.epoch, "pos": self.pos}
 
     def restore(self, position: dict) -> None:
-        self.epoch, self.consumed, self._it = position["epoch"], position["consumed"], None
+        self.epoch, self.pos = position["epoch"], position["pos"]
+
+
+def lm1b_source(split: str = "train", seed: int = 0, process_index: int = 0,
+                process_count: int = 1, data_dir: str | None = None) -> IndexedSource:
+    """The One Billion Word Benchmark through TensorFlow Datasets' random-access
+    `data_source` (optional: `pip install tensorflow-datasets`; the dataset must be
+    prepared in TFDS's data dir, which needs the network once). Its sentences
+    are already tokenised."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise DataError("the lm1b source needs TensorFlow Datasets: "
+                        "pip install tensorflow-datasets") from None
+    try:
+        records = tfds.data_source("lm1b", split=split, data_dir=data_dir)
+    except Exception as e:  # not prepared, no network, ...
+        raise DataError(f"TFDS lm1b ({split}) is not available here: {e}") from None
+    return IndexedSource(records, "text", seed, process_index, process_count, f"lm1b[{split}]")
 
 
 class CharIdCache:
@@ -181,7 +192,7 @@ class CharIdCache:
 class Batcher:
     """B parallel streams of sentences cut into windows of `unroll_steps`.
 
-    `source` is a TextSource/Lm1bSource (training: never runs dry) or any
+    `source` is a TextSource/IndexedSource (training: never runs dry) or any
     iterable of sentences (evaluation: the last windows are padded and
     `mask` marks the real positions; iteration stops when every row is empty)."""
 

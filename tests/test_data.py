@@ -91,3 +91,25 @@ def test_bad_text(tmp_path):
         TextSource(str(tmp_path / "empty.txt")).next_sentence()
     with pytest.raises(DataError, match="no files match"):
         OnceSource(str(tmp_path / "nothing*.txt"))
+
+
+def test_lm1b_source_through_tfds_mock_data():
+    import tensorflow_datasets as tfds
+
+    from elmo_jax.data import lm1b_source
+
+    with tfds.testing.mock_data(num_examples=50):
+        src = lm1b_source("train", seed=2)
+        sents = [src.next_sentence() for _ in range(50)]
+        assert all(isinstance(w, str) for s in sents for w in s)
+        vocab = _vocab(sents)
+        a = Batcher(lm1b_source("train", seed=2), vocab, 2, 5)
+        next(a)
+        pos = a.position()
+        want = [next(a) for _ in range(30)]  # crosses an epoch
+        b = Batcher(lm1b_source("train", seed=2), vocab, 2, 5)
+        b.restore(pos)
+        for w in want:
+            np.testing.assert_array_equal(next(b)["char_ids"], w["char_ids"])
+        halves = [set(lm1b_source("train", process_index=i, process_count=2).mine) for i in (0, 1)]
+        assert not halves[0] & halves[1] and len(halves[0] | halves[1]) == 50

@@ -89,17 +89,17 @@ DEVICE_RUN = textwrap.dedent("""
     import jax
     from test_training import tiny, losses_by_step
     from elmo_jax import training
-    options, config = tiny(max_steps=5)
+    options, config = tiny(max_steps=5, mesh_model={mesh_model})
     training.train(options, config, {train!r}, {vocab!r}, {workdir!r}, progress=False)
     print(json.dumps({{"devices": jax.device_count(), "losses": losses_by_step({workdir!r})}}))
 """)
 
 
-def _device_run(files, workdir, n_devices):
+def _device_run(files, workdir, n_devices, mesh_model=1):
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}")
     code = DEVICE_RUN.format(tests=os.path.join(REPO, "tests"), train=files["train.txt"],
-                             vocab=files["vocab.txt"], workdir=str(workdir))
+                             vocab=files["vocab.txt"], workdir=str(workdir), mesh_model=mesh_model)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -110,10 +110,13 @@ def test_one_device_and_eight_devices_give_the_same_losses(tmp_path):
     files = write_grammar_corpus(tmp_path / "data")
     one = _device_run(files, tmp_path / "one", 1)
     eight = _device_run(files, tmp_path / "eight", 8)
+    # 4-way data parallel with the softmax rows split 2 ways over a `model` axis
+    split = _device_run(files, tmp_path / "split", 8, mesh_model=2)
     assert (one["devices"], eight["devices"]) == (1, 8)
     assert len(one["losses"]) == 5
-    for step, loss in one["losses"].items():
-        assert abs(eight["losses"][step] - loss) <= 1e-5 * abs(loss), (step, loss, eight)
+    for other in (eight, split):
+        for step, loss in one["losses"].items():
+            assert abs(other["losses"][step] - loss) <= 1e-5 * abs(loss), (step, loss, other)
 
 
 def _train_cmd(files, workdir, max_steps, checkpoint_every):
