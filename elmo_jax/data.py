@@ -12,9 +12,17 @@ n words gives n + 1 positions: the inputs are the sequence without its last
 token and the targets are the sequence without its first.
 
 A batch is a dict of numpy arrays:
-    char_ids [2, B, U, C] int32  forward reading, backward reading
-    targets  [2, B, U]    int32  the next token of each reading (vocabulary ids)
-    mask     [B, U]       bool   False only where an evaluation stream ran dry
+    token_chars [S, N, C] int32  the distinct tokens of each of S row groups
+                                 (one per data-parallel shard), spelled as char
+                                 ids; row 0 is the all-zero padding token
+    token_index [2, B, U] int32  forward and backward readings: which row of
+                                 its group's table each position holds
+    targets     [2, B, U] int32  the next token of each reading (vocabulary ids)
+    mask        [B, U]    bool   False only where an evaluation stream ran dry
+
+Both readings of a window, and neighbouring windows, repeat the same words;
+encoding each distinct token once makes the character CNN 2-3 times cheaper.
+Rows b of group s are s * B/S .. (s + 1) * B/S - 1.
 """
 from __future__ import annotations
 
@@ -189,6 +197,24 @@ class CharIdCache:
         return ids
 
 
+def window_char_ids(batch: dict) -> np.ndarray:
+    """[2, B, U, C] char ids of a batch's readings, from its token tables."""
+    chars, index = np.asarray(batch["token_chars"]), np.asarray(batch["token_index"])
+    S, B = chars.shape[0], index.shape[1]
+    group = np.arange(B) // (B // S)
+    return chars[group[None, :, None], index]
+
+
+def pad_tables(batch: dict, n: int) -> dict:
+    """Pad the token tables to n rows (processes must agree on the shape)."""
+    chars = batch["token_chars"]
+    if chars.shape[1] == n:
+        return batch
+    padded = np.zeros(chars.shape[:1] + (n,) + chars.shape[2:], chars.dtype)
+    padded[:, :chars.shape[1]] = chars
+    return {**batch, "token_chars": padded}
+
+
 class Batcher:
     """B parallel streams of sentences cut into windows of `unroll_steps`.
 
@@ -197,9 +223,12 @@ class Batcher:
     `mask` marks the real positions; iteration stops when every row is empty)."""
 
     def __init__(self, source, vocab: Vocabulary, batch_size: int, unroll_steps: int,
-                 max_chars: int = MAX_CHARS):
+                 max_chars: int = MAX_CHARS, n_groups: int = 1, table_bucket: int = 128):
+        if batch_size % n_groups:
+            raise DataError(f"batch size {batch_size} does not split into {n_groups} groups")
         self.source, self.vocab = source, vocab
         self.B, self.U, self.C = batch_size, unroll_steps, max_chars
+        self.S, self.table_bucket = n_groups, table_bucket
         self.chars = CharIdCache(max_chars)
         self.rows: list[list[str]] = [[] for _ in range(batch_size)]  # current sentence, forward
         self.offsets = [0] * batch_size
@@ -237,13 +266,30 @@ class Batcher:
                 t += n
         if not mask.any():
             raise StopIteration
-        char_ids = np.zeros((2, B, U, C), np.int32)
-        for d in range(2):
-            for i in range(B):
-                for t in range(U):
-                    if mask[i, t]:
-                        char_ids[d, i, t] = self.chars(tokens[d][i][t])
-        return {"char_ids": char_ids, "targets": targets, "mask": mask}
+        token_chars, token_index = self._token_tables(tokens, mask)
+        return {"token_chars": token_chars, "token_index": token_index,
+                "targets": targets, "mask": mask}
+
+    def _token_tables(self, tokens, mask):
+        B, U, S = self.B, self.U, self.S
+        rows = B // S
+        index = np.zeros((2, B, U), np.int32)
+        tables = []
+        for s in range(S):
+            table: dict[str, int] = {}
+            for d in range(2):
+                for i in range(s * rows, (s + 1) * rows):
+                    for t in range(U):
+                        if mask[i, t]:
+                            index[d, i, t] = table.setdefault(tokens[d][i][t], len(table) + 1)
+            tables.append(table)
+        n = max(len(t) for t in tables) + 1
+        n = -(-n // self.table_bucket) * self.table_bucket  # few shapes, few compilations
+        token_chars = np.zeros((S, n, self.C), np.int32)
+        for s, table in enumerate(tables):
+            for token, k in table.items():
+                token_chars[s, k] = self.chars(token)
+        return token_chars, index
 
     # -- resumable position ---------------------------------------------------
     def position(self) -> dict:

@@ -138,13 +138,23 @@ def _dropout(rng, x, rate):
     return jnp.where(keep, x / (1.0 - rate), 0.0)
 
 
+def _token_vectors(model, v, token_chars, token_index):
+    """Encode each group's distinct tokens once, then place them:
+    token_chars [S, N, C], token_index [2, B, U] -> [2, B, U, P]."""
+    table = model.apply(v, token_chars, method=BiLM.tokens)            # [S, N, P]
+    S, B, U = token_chars.shape[0], token_index.shape[1], token_index.shape[2]
+    index = token_index.reshape(2, S, B // S, U)
+    x = jax.vmap(lambda t, i: t[i], in_axes=(0, 1), out_axes=1)(table, index)
+    return x.reshape(2, B, U, table.shape[-1])
+
+
 def _forward(params, batch, lstm_state, options, config, rng=None):
     """Both directions over one window -> (top layer [2, B, U, P], new LSTMState).
     Dropout is on when `rng` is given."""
     model = BiLM(options, unroll=config.scan_unroll, dtype=config.dtype)
     v = {"params": params["bilm"]}
     train = rng is not None
-    x = model.apply(v, batch["char_ids"], method=BiLM.tokens)          # [2, B, U, P]
+    x = _token_vectors(model, v, batch["token_chars"], batch["token_index"])
     x = x * batch["mask"][None, :, :, None]
     rngs = {"dropout": jax.random.fold_in(rng, 0)} if train else {}
     outs, new_state = model.apply(v, x, batch["mask"], lstm_state, not train,
@@ -181,7 +191,7 @@ def loss_fn(params, batch, lstm_state, rng, options: ElmoOptions, config: TrainC
 
 def train_step(state: TrainState, batch: dict, *, options: ElmoOptions, config: TrainConfig,
                tx: optax.GradientTransformation):
-    """One update. batch: char_ids [2, B, U, C], targets [2, B, U], mask [B, U]."""
+    """One update on a batch from `data.Batcher` (see there for the shapes)."""
     rng = jax.random.fold_in(state.rng, state.step)
     scale = options.unroll_steps if config.scale_loss_by_unroll_steps else 1.0
 
@@ -263,13 +273,17 @@ def state_shardings(abstract_state: TrainState, mesh: Mesh) -> TrainState:
 
 
 def batch_shardings(mesh: Mesh) -> dict:
-    return {"char_ids": NamedSharding(mesh, P(None, "data")),
+    return {"token_chars": NamedSharding(mesh, P("data")),
+            "token_index": NamedSharding(mesh, P(None, "data")),
             "targets": NamedSharding(mesh, P(None, "data")),
             "mask": NamedSharding(mesh, P("data"))}
 
 
 def global_batch(local: dict, shardings: dict) -> dict:
     """Host-local numpy batch -> global arrays (each process holds its rows)."""
+    if jax.process_count() > 1:  # the token tables must have one shape everywhere
+        n = multihost_utils.process_allgather(np.array([local["token_chars"].shape[1]]))
+        local = data_lib.pad_tables(local, int(np.max(n)))
     return {k: jax.make_array_from_process_local_data(shardings[k], v) for k, v in local.items()}
 
 
@@ -424,7 +438,7 @@ def train(options: ElmoOptions, config: TrainConfig, train_files: str, vocab_fil
 
     mesh = make_mesh(config)
     n_data = mesh.shape["data"]
-    if options.batch_size % n_data or options.batch_size % jax.process_count():
+    if options.batch_size % n_data or n_data % jax.process_count():
         raise ValueError(f"batch_size {options.batch_size} must divide evenly over the "
                          f"{n_data} data-parallel devices and {jax.process_count()} processes")
     if len(vocab) % config.mesh_model:
@@ -435,8 +449,10 @@ def train(options: ElmoOptions, config: TrainConfig, train_files: str, vocab_fil
         source = data_lib.TextSource(train_files, seed=config.seed,
                                      process_index=jax.process_index(),
                                      process_count=jax.process_count())
+    # one token table per data shard held by this process
+    local_groups = n_data // jax.process_count()
     batcher = data_lib.Batcher(source, vocab, local_batch, options.unroll_steps,
-                               options.char_cnn.max_characters_per_token)
+                               options.char_cnn.max_characters_per_token, n_groups=local_groups)
     abstract, shardings = _abstract_state(options, config, len(vocab), options.batch_size, mesh)
     if resume_step is not None:
         state, position = restore_checkpoint(mngr, resume_step, abstract)

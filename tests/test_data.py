@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from elmo_jax import batch_to_char_ids
-from elmo_jax.data import Batcher, DataError, OnceSource, TextSource, read_sentences
+from elmo_jax.data import (Batcher, DataError, OnceSource, TextSource, read_sentences,
+                            window_char_ids)
 from elmo_jax.vocab import build_vocab
 
 
@@ -28,11 +29,15 @@ def test_windows_follow_bilm_tf(tmp_path):
     assert words(b1["targets"][0, 0]) == ["a", "b", "c"]
     assert words(b2["targets"][0, 0]) == ["</S>", "d", "e"]
     assert words(b3["targets"][0, 0][:1]) == ["</S>"] and b3["mask"][0].tolist() == [1, 0, 0]
-    np.testing.assert_array_equal(b1["char_ids"][0, 0], batch_to_char_ids([["<S>", "a", "b"]])[0])
+    chars = window_char_ids(b1)
+    np.testing.assert_array_equal(chars[0, 0], batch_to_char_ids([["<S>", "a", "b"]])[0])
     # backward: </S> c b a <S> </S> e d <S>: targets are the previous tokens
     assert words(b1["targets"][1, 0]) == ["c", "b", "a"]
     assert words(b2["targets"][1, 0]) == ["<S>", "e", "d"]
-    np.testing.assert_array_equal(b1["char_ids"][1, 0], batch_to_char_ids([["</S>", "c", "b"]])[0])
+    np.testing.assert_array_equal(chars[1, 0], batch_to_char_ids([["</S>", "c", "b"]])[0])
+    # each distinct token is spelled once per group: a b c </S> <S>, plus the padding row
+    assert not b1["token_chars"][0, 0].any() and b1["token_chars"].shape[1] == 128
+    assert len(np.unique(b1["token_index"])) == 5
     with pytest.raises(StopIteration):
         next(batcher)
 
@@ -42,6 +47,16 @@ def test_every_token_predicted_once_per_direction(tmp_path):
     batcher = Batcher(iter(sents), _vocab(sents), batch_size=4, unroll_steps=5)
     total = sum(int(b["mask"].sum()) for b in batcher)
     assert total == sum(len(s) + 1 for s in sents)
+
+
+def test_groups_hold_their_own_rows(tmp_path):
+    sents = [[f"w{i}", "common"] for i in range(50)]
+    one = Batcher(iter(sents), _vocab(sents), 4, 3)
+    two = Batcher(iter(sents), _vocab(sents), 4, 3, n_groups=2)
+    for a, b in zip(one, two):
+        assert b["token_chars"].shape[0] == 2
+        np.testing.assert_array_equal(window_char_ids(a), window_char_ids(b))
+        assert b["token_index"][:, :2].max() < 128 and b["token_index"].min() >= 0
 
 
 def test_position_restore_continues_exactly(tmp_path):
@@ -110,6 +125,6 @@ def test_lm1b_source_through_tfds_mock_data():
         b = Batcher(lm1b_source("train", seed=2), vocab, 2, 5)
         b.restore(pos)
         for w in want:
-            np.testing.assert_array_equal(next(b)["char_ids"], w["char_ids"])
+            np.testing.assert_array_equal(window_char_ids(next(b)), window_char_ids(w))
         halves = [set(lm1b_source("train", process_index=i, process_count=2).mine) for i in (0, 1)]
         assert not halves[0] & halves[1] and len(halves[0] | halves[1]) == 50

