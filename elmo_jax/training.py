@@ -474,9 +474,12 @@ def train(options: ElmoOptions, config: TrainConfig, train_files: str, vocab_fil
         in_shardings=(shardings, batch_shardings(mesh)), out_shardings=(shardings, None),
         donate_argnums=0)
     max_steps = config.max_steps
-    if max_steps is None:
+    if max_steps is None and config.max_seconds is not None:
+        max_steps = math.inf  # the time limit ends the run
+    elif max_steps is None:
         if not options.n_train_tokens:
-            raise ValueError("give max_steps, or n_train_tokens and n_epochs in the options")
+            raise ValueError("give max_steps, max_seconds, or n_train_tokens and n_epochs in "
+                             "the options")
         per_step = options.batch_size * options.unroll_steps
         max_steps = options.n_epochs * (options.n_train_tokens // per_step)
 
@@ -498,8 +501,9 @@ def train(options: ElmoOptions, config: TrainConfig, train_files: str, vocab_fil
     last = {"step": step}
     t_start = time.time()
     window_t, window_tokens, window_loss, window_n = time.time(), 0, 0.0, 0
-    bar = tqdm(total=max_steps, initial=step, disable=not progress or jax.process_index() != 0,
-               unit="step", dynamic_ncols=True)
+    bar = tqdm(total=None if max_steps == math.inf else max_steps, initial=step, unit="step",
+               disable=not progress or jax.process_index() != 0, dynamic_ncols=True,
+               mininterval=0.5 if sys.stderr.isatty() else 30.0)
     last_saved = resume_step
     try:
         while step < max_steps:

@@ -71,6 +71,15 @@ class Vocabulary:
             fh.write("\n".join(self.words) + "\n")
 
 
+def read_word_list(path: str | os.PathLike) -> list[str]:
+    """The words of a one-word-a-line file (any vocabulary file; no checks on
+    special tokens), for caching token vectors."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"word list not found: {path}")
+    with open(path, encoding="utf-8") as fh:
+        return [w for w in (line.strip() for line in fh) if w and w != "!!!MAXTERMID"]
+
+
 def count_tokens(sentences: Iterable[list[str]]) -> collections.Counter:
     counts: collections.Counter = collections.Counter()
     for s in sentences:

@@ -102,13 +102,28 @@ def test_wrapper_matches_embed_and_keeps_order(model):
 
 
 def test_wrapper_buckets_lengths_so_new_inputs_rarely_compile(model):
+    from elmo_jax.embedding import embed_token_vectors, encode_tokens
+
     _, options, _, params = model
     elmo = elmo_jax.Elmo(params, options)
     elmo.embed_sentences([["a"] * 9, ["b"] * 3], batch_size=2)
-    before = elmo_jax.embed._cache_size()
+    compiled = lambda: embed_token_vectors._cache_size() + encode_tokens._cache_size()  # noqa
+    before = compiled()
     for n in range(9, 17):  # all lengths 9..16 share the bucket of 16
         elmo.embed_sentences([["w"] * n, ["v"] * 2], batch_size=2)
-    assert elmo_jax.embed._cache_size() == before
+    assert compiled() == before
+    elmo.embed_sentences([["x"] * 17, ["v"] * 2], batch_size=2)  # the next bucket compiles
+    assert compiled() == before + 1
+
+
+def test_cached_vocabulary_path_equals_plain_path(model):
+    _, options, _, params = model
+    plain = elmo_jax.Elmo(params, options).embed_sentences(SENTENCES)
+    vocab = ["The", "bank", "of", "the", "river", ".", "Light", "water"]
+    cached = elmo_jax.Elmo(params, options, cache_vocab=vocab)
+    assert len(cached._cached) == len(vocab)
+    for a, b in zip(plain, cached.embed_sentences(SENTENCES)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_stateful_wrapper_reproduces_the_fixture(fixture_dir):

