@@ -1,0 +1,112 @@
+"""What the side-by-side benchmarks share: where the peers live, running a
+child process and reading its peak memory, waiting for a quiet machine, and the
+FLOP count of the model.
+
+The peers (../shared/peers, or $ELMO_PEERS_DIR) install AllenNLP's ELMo and
+bilm-tf into their own virtual environments under $ELMO_PEERS_HOME (default
+~/.cache/elmo-peers); nothing of theirs is copied here.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = os.path.abspath(os.environ.get("ELMO_PEERS_DIR")
+                        or os.path.join(REPO, "..", "shared", "peers"))
+PEERS_HOME = os.environ.get("ELMO_PEERS_HOME") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    "elmo-peers")
+
+
+def peer_dir(name: str) -> str:
+    path = os.path.join(PEERS, name)
+    if not os.path.isdir(path):
+        sys.exit(f"error: the {name} peer harness is not at {path}; set ELMO_PEERS_DIR")
+    return path
+
+
+def ensure_setup(name: str, venv: str) -> None:
+    """Run the peer's own one-command setup when its venv is missing."""
+    if not os.path.exists(os.path.join(venv, "bin", "python")):
+        print(f"[bench] setting up the {name} peer (once): bash setup.sh", file=sys.stderr)
+        subprocess.run(["bash", os.path.join(peer_dir(name), "setup.sh")], check=True)
+
+
+def run_child(cmd: list[str], env: dict | None = None, timeout: float = 3600) -> dict:
+    """Run a benchmark process; returns its last stdout line as JSON, with its
+    peak resident memory (MiB) and wall time added."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.time()
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.time() - t0
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({p.returncode}):\n{stderr[-3000:]}")
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    result = json.loads(lines[-1])
+    result["peak_rss_mib_measured"] = round(usage.ru_maxrss / 1024, 1)
+    result["process_wall_s"] = round(wall, 1)
+    return result
+
+
+def busy_cores(seconds: float = 1.0) -> float:
+    """How many cores other processes keep busy, sampled from /proc/stat."""
+    def sample():
+        with open("/proc/stat") as fh:
+            v = [int(x) for x in fh.readline().split()[1:]]
+        return sum(v[:8]) - v[3] - v[4], sum(v[:8])
+    b0, t0 = sample()
+    time.sleep(seconds)
+    b1, t1 = sample()
+    return (b1 - b0) / max(1, t1 - t0) * os.cpu_count()
+
+
+def wait_quiet(max_wait_s: float = 120.0, threshold_cores: float = 0.3) -> float:
+    deadline = time.time() + max_wait_s
+    busy = busy_cores(2.0)
+    while busy > threshold_cores and time.time() < deadline:
+        time.sleep(3.0)
+        busy = busy_cores(2.0)
+    return busy
+
+
+def spread(xs: list[float]) -> str:
+    if len(xs) < 2:
+        return "n/a"
+    return f"{min(xs):.0f}-{max(xs):.0f} ({100 * (max(xs) - min(xs)) / statistics.median(xs):.0f}%)"
+
+
+def machine() -> dict:
+    return {"date": datetime.date.today().isoformat(), "cpu": platform.processor()
+            or platform.machine(), "n_cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def forward_flops_per_token(options) -> dict:
+    """Multiply-adds x 2 of one token through the biLM (no softmax): the token
+    encoder once, and each LSTM layer in both directions."""
+    c, lo = options.char_cnn, options.lstm
+    E, F, P, D = c.embedding_dim, c.n_filters, lo.projection_dim, lo.dim
+    C = c.max_characters_per_token
+    cnn = sum(2 * (C - w + 1) * w * E * n for w, n in c.filters)
+    highway = c.n_highway * 2 * (2 * F * F)
+    proj = 2 * F * P
+    lstm_layer = 2 * (P * 4 * D) + 2 * (P * 4 * D) + 2 * (D * P)  # input, recurrent, projection
+    return {"token_encoder": cnn + highway + proj, "lstm": 2 * lo.n_layers * lstm_layer}
+
+
+def write_json(path: str | None, obj: dict) -> None:
+    if path:
+        with open(path, "w") as fh:
+            json.dump(obj, fh, indent=2)

@@ -1,0 +1,168 @@
+"""Embedding speed, side by side: elmo-jax `embed` against AllenNLP's ELMo.
+
+    python bench/embed.py --config small [--repeats 3]
+
+Same weights (random, in the original hdf5 layout, made by the AllenNLP peer's
+make_weights.py), same 30 real sentences (744 tokens, the bilm-tf fixture set),
+batch 32, same timer (the peer's time_reps: 1 warm-up, then 5 timed passes; the
+first call, which compiles, is reported separately). The two run alternately
+in separate processes, each after waiting for a quiet machine, `--repeats`
+times; medians and spreads are reported. Prints a table, then one JSON line
+with `ratio_vs_allennlp` (elmo-jax tokens/s over AllenNLP's).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+
+def allennlp_paths():
+    venv = os.environ.get("PEERS_VENV") or os.path.join(_common.PEERS_HOME, "allennlp-venv")
+    return _common.peer_dir("allennlp"), os.path.join(venv, "bin", "python"), venv
+
+
+def weights_for(config: str) -> tuple[str, str]:
+    """The peer's random-weight files for a preset, made once."""
+    peer, py, venv = allennlp_paths()
+    _common.ensure_setup("allennlp", venv)
+    d = os.environ.get("ELMO_PEER_WEIGHTS_DIR") or os.path.join(_common.PEERS_HOME, "elmo_weights")
+    options, weights = os.path.join(d, config, "options.json"), os.path.join(d, config,
+                                                                            "lm_weights.hdf5")
+    if not os.path.exists(weights):
+        import subprocess
+        subprocess.run([py, os.path.join(peer, "make_weights.py"), "--preset", config], check=True)
+    return options, weights
+
+
+def run_allennlp(config: str) -> dict:
+    peer, py, _ = allennlp_paths()
+    return _common.run_child([py, os.path.join(peer, "bench_embed.py"), "--preset", config,
+                              "--wait-quiet", "120", "--retries", "2"])
+
+
+def run_elmo_jax(config: str, dtype: str) -> dict:
+    return _common.run_child([sys.executable, os.path.abspath(__file__), "--worker",
+                              "--config", config, "--dtype", dtype],
+                             env=dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS",
+                                                                               "cpu")))
+
+
+def matmul_peak_gflops(n: int = 2048, reps: int = 10) -> float:
+    """Measured f32 matmul throughput of this machine through XLA."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n))
+    f = jax.jit(lambda a: a @ a)
+    f(a).block_until_ready()
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        t.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(t) / 1e9
+
+
+def worker(config: str, dtype: str) -> dict:
+    """One elmo-jax measurement, in its own process."""
+    import jax.numpy as jnp
+
+    sys.path.insert(0, allennlp_paths()[0])
+    import bench_embed as be  # the peer's numpy-only input and timer
+
+    import elmo_jax
+
+    options_file, weights_file = weights_for(config)
+    options = elmo_jax.ElmoOptions.from_json(options_file)
+    t0 = time.perf_counter()
+    elmo = elmo_jax.Elmo(elmo_jax.load_weights(weights_file, options), options,
+                         dtype=jnp.dtype(dtype))
+    load_s = time.perf_counter() - t0
+    sentences = be.load_bench_sentences()
+    batches = be.make_batches(sentences, 32)
+    n_tokens = be.count_tokens(batches)
+
+    def run_once():
+        for batch in batches:
+            elmo.embed_sentences(batch, batch_size=32)  # returns numpy: computation done
+
+    t0 = time.perf_counter()
+    run_once()
+    first_call_s = time.perf_counter() - t0
+    busy = be.wait_quiet(120)
+    times, info = be.time_reps(run_once, warmup=1, reps=5, max_seconds=100)
+    flops = _common.forward_flops_per_token(options)
+    n_positions = n_tokens + 2 * len(sentences)  # <S> and </S> go through the LSTMs too
+    total_flops = n_positions * (flops["token_encoder"] + flops["lstm"])
+    res = be.summarize(times, n_tokens, impl="elmo-jax", config=config, dtype=dtype,
+                       load_s=round(load_s, 2), first_call_s=round(first_call_s, 2),
+                       system_busy_before=busy, **info)
+    res["gflops_per_s"] = round(total_flops / res["median_s"] / 1e9, 1)
+    res["matmul_peak_gflops_per_s"] = round(matmul_peak_gflops(), 1)
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", choices=["tiny", "small", "original"], default="small")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating runs of each")
+    ap.add_argument("--dtype", default="float32", help="elmo-jax matmul dtype")
+    ap.add_argument("--skip-peer", action="store_true", help="time elmo-jax only")
+    ap.add_argument("--json-out", help="also write the summary here")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.config, args.dtype)))
+        return 0
+    weights_for(args.config)
+    runs = {"allennlp": [], "elmo-jax": []}
+    for r in range(args.repeats):
+        if not args.skip_peer:
+            runs["allennlp"].append(run_allennlp(args.config))
+        runs["elmo-jax"].append(run_elmo_jax(args.config, args.dtype))
+        print(f"[bench] repeat {r + 1}: " + ", ".join(
+            f"{k} {v[-1]['tokens_per_s']:.0f} tok/s" for k, v in runs.items() if v),
+            file=sys.stderr, flush=True)
+    summary = {"benchmark": "embed", "config": args.config, "dtype": args.dtype,
+               "batch_size": 32, **_common.machine()}
+    print(f"\nembed, config {args.config}, 30 sentences / 744 tokens, batch 32, "
+          f"{args.repeats} alternating runs each")
+    print(f"{'implementation':14s} {'tokens/s (median)':>18s} {'range (spread)':>22s} "
+          f"{'peak RSS MiB':>13s} {'first call s':>13s}")
+    for impl, rs in runs.items():
+        if not rs:
+            continue
+        tps = [r["tokens_per_s"] for r in rs]
+        med = statistics.median(tps)
+        rss = max(r["peak_rss_mib_measured"] for r in rs)
+        first = statistics.median(r.get("first_call_s", r.get("load_s", 0)) for r in rs)
+        print(f"{impl:14s} {med:18.0f} {_common.spread(tps):>22s} {rss:13.0f} {first:13.1f}")
+        key = impl.replace("-", "_")
+        summary.update({f"{key}_tokens_per_s": med, f"{key}_tokens_per_s_all": tps,
+                        f"{key}_peak_rss_mib": rss})
+    ours = runs["elmo-jax"]
+    summary["elmo_jax_gflops_per_s"] = statistics.median(r["gflops_per_s"] for r in ours)
+    summary["matmul_peak_gflops_per_s"] = statistics.median(r["matmul_peak_gflops_per_s"]
+                                                            for r in ours)
+    summary["elmo_jax_first_call_s"] = statistics.median(r["first_call_s"] for r in ours)
+    print(f"elmo-jax achieves {summary['elmo_jax_gflops_per_s']} GFLOP/s of useful work; "
+          f"an f32 matmul peaks at {summary['matmul_peak_gflops_per_s']} GFLOP/s here")
+    if runs["allennlp"]:
+        summary["ratio_vs_allennlp"] = round(summary["elmo_jax_tokens_per_s"]
+                                             / summary["allennlp_tokens_per_s"], 2)
+    summary["runs"] = runs
+    _common.write_json(args.json_out, summary)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
