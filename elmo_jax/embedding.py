@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax import chars
-from elmo_jax.model import BiLM, LSTMState, init_state, reverse_padded, token_mask
+from elmo_jax.model import (BiLM, LSTMState, init_state, packed_segments, reverse_padded,
+                            token_mask)
 from elmo_jax.options import ElmoOptions
 from elmo_jax.weights import load_weights
 
@@ -67,7 +68,7 @@ def scalar_mix(layers: jax.Array, mask: jax.Array, mix: dict, layer_norm: bool =
     return tuple(mixed), weights
 
 
-_STATIC = ("options", "mix_layer_norm", "unroll", "dtype")
+_STATIC = ("options", "mix_layer_norm", "unroll", "dtype", "segments")
 
 
 @functools.partial(jax.jit, static_argnames=("options",))
@@ -80,7 +81,8 @@ def encode_tokens(params: dict, char_ids: jax.Array, options: ElmoOptions) -> ja
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
           state: LSTMState | None = None, mix: dict | None = None, *,
-          mix_layer_norm: bool = False, unroll: int = 1, dtype=jnp.float32) -> EmbedOutput:
+          mix_layer_norm: bool = False, unroll: int = 1, dtype=jnp.float32,
+          segments: tuple | None = None) -> EmbedOutput:
     """ELMo representations of a batch.
 
     params:   biLM parameters (`load_weights`, `init_params` or training).
@@ -91,8 +93,9 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
     mix:      scalar-mix parameters from `init_mix`; adds `mixed` and `mix_weights`.
               The mix is taken over positions including `<S>`/`</S>`, as AllenNLP
               does, so its optional layer norm sees the same elements.
-    unroll, dtype: speed knobs: `lax.scan` unroll and the matmul input dtype
-              (bf16 on accelerators; cell state and gates stay float32)."""
+    unroll, dtype, segments: speed knobs: `lax.scan` unroll, the matmul input
+              dtype (bf16 on accelerators; cell state and gates stay float32), and a
+              packed schedule for rows sorted by length (see `embed_token_vectors`)."""
     if char_ids.ndim != 3:
         raise ValueError(f"char_ids must be [batch, tokens, chars], got shape {char_ids.shape}")
     if char_ids.shape[2] != options.char_cnn.max_characters_per_token:
@@ -102,16 +105,20 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
         raise TypeError(f"char_ids must be integers, got {char_ids.dtype}")
     tokens = encode_tokens(params, char_ids.astype(jnp.int32), options)
     return embed_token_vectors(params, tokens, token_mask(char_ids), options, state, mix,
-                               mix_layer_norm=mix_layer_norm, unroll=unroll, dtype=dtype)
+                               mix_layer_norm=mix_layer_norm, unroll=unroll, dtype=dtype,
+                               segments=segments)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array, options: ElmoOptions,
                         state: LSTMState | None = None, mix: dict | None = None, *,
                         mix_layer_norm: bool = False, unroll: int = 1,
-                        dtype=jnp.float32) -> EmbedOutput:
+                        dtype=jnp.float32, segments: tuple | None = None) -> EmbedOutput:
     """`embed` from token vectors [B, T, P] (from `encode_tokens`, or a cache of
-    them) and mask [B, T] instead of char ids; same output."""
+    them) and mask [B, T] instead of char ids; same output.
+
+    segments: `model.packed_segments(lengths + 2)` for rows sorted by length,
+              longest first: the LSTMs then skip most padding (as AllenNLP does)."""
     if tokens.ndim != 3 or tokens.shape[-1] != options.lstm.projection_dim:
         raise ValueError(f"tokens must be [batch, tokens, {options.lstm.projection_dim}], "
                          f"got shape {tokens.shape}")
@@ -123,7 +130,7 @@ def embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array, option
     elif state.h.shape[2] != B:
         raise ValueError(f"state has {state.h.shape[2]} rows but the batch has {B}; "
                          "slice or pad the state to the batch")
-    model = BiLM(options, unroll=unroll, dtype=dtype)
+    model = BiLM(options, unroll=unroll, dtype=dtype, segments=segments)
     variables = {"params": params}
     C = options.char_cnn.max_characters_per_token
     bos, eos = encode_tokens(params, jnp.stack([jnp.asarray(chars.bos_char_ids(C)),
@@ -171,16 +178,21 @@ class Elmo:
     of a batch goes through the character CNN once; with `cache_vocab` (a list
     of words, like bilm-tf's `dump_token_embeddings`) the vectors of those words
     are computed once up front and reused, and other tokens fall back to the
-    character CNN. With `stateful=True` the LSTM state of each batch row is
-    carried from one call to the next (bilm-tf's behaviour; sentences are then
-    not reordered)."""
+    character CNN. Stateless batches are packed: rows sorted by length, and the
+    LSTMs skip the padding of shorter rows (`pack=False` turns this off). With
+    `stateful=True` the LSTM state of each batch row is carried from one call to
+    the next (bilm-tf's behaviour; sentences are then neither reordered nor
+    packed). `dtype` and `unroll` are embed's speed knobs."""
 
     def __init__(self, params: dict, options: ElmoOptions, stateful: bool = False,
-                 min_length_bucket: int = 8, cache_vocab: Sequence[str] | None = None):
+                 min_length_bucket: int = 8, cache_vocab: Sequence[str] | None = None,
+                 pack: bool = True, dtype=jnp.float32, unroll: int = 1):
         self.params = jax.device_put(params)
         self.options = options
         self.stateful = stateful
         self.min_length_bucket = min_length_bucket
+        self.pack = pack and not stateful
+        self.dtype, self.unroll = dtype, unroll
         self.state: LSTMState | None = None
         self._cached: dict[str, int] = {}
         self._cache = np.zeros((0, options.lstm.projection_dim), np.float32)
@@ -242,23 +254,37 @@ class Elmo:
         return result
 
     def _embed_batch(self, batch) -> np.ndarray:
-        T = _bucket(max(len(s) for s in batch), self.min_length_bucket)
+        """[L+1, len(batch), T, 2P] for the sentences of one batch, in order."""
+        order = list(range(len(batch)))
+        lengths = [len(s) for s in batch]
+        T = _bucket(max(lengths), self.min_length_bucket)
         rows = len(batch) if self.stateful else _bucket(len(batch), 1)
+        # Pack (longest first, LSTMs skip the padding) only when padding would be
+        # much of the work: a length-sorted corpus then reuses a few compiled shapes.
+        pack = self.pack and sum(n + 2 for n in lengths) < 0.5 * rows * (T + 2)
+        if pack:
+            order.sort(key=lambda i: -lengths[i])
+            T = -(-(max(lengths) + 2) // 8) * 8 - 2
+            rows = -(-len(batch) // 8) * 8
         distinct = list(dict.fromkeys(t for s in batch for t in s))
         vectors = self.token_vectors(distinct)
         where = {t: i for i, t in enumerate(distinct)}
         tokens = np.zeros((rows, T, self.options.lstm.projection_dim), np.float32)
         mask = np.zeros((rows, T), bool)
-        for b, s in enumerate(batch):
+        for b, i in enumerate(order):
+            s = batch[i]
             if s:
                 tokens[b, :len(s)] = vectors[[where[t] for t in s]]
                 mask[b, :len(s)] = True
+        segments = packed_segments(mask.sum(1) + 2) if pack else None
         state = self._stateful_rows(rows) if self.stateful else None
-        out = embed_token_vectors(self.params, tokens, mask, self.options, state)
+        out = embed_token_vectors(self.params, tokens, mask, self.options, state,
+                                  dtype=self.dtype, unroll=self.unroll, segments=segments)
         if self.stateful:
             self.state = jax.tree.map(lambda full, new: full.at[:, :, :rows].set(new),
                                       self.state, out.state)
-        return np.asarray(out.layers)
+        layers = np.asarray(out.layers)
+        return layers[:, np.argsort(order)]
 
     def _stateful_rows(self, rows: int) -> LSTMState:
         """The carried state of the first `rows` rows, growing the store with

@@ -113,31 +113,73 @@ def _glorot_rows(fan_in: int, fan_out: int):
 
 
 class LSTMLayer(nn.Module):
-    """One layer, both directions, with projection and clipping."""
+    """One layer, both directions, with projection and clipping.
+
+    `segments` (static) packs a batch whose rows are sorted by length, longest
+    first, as AllenNLP's LSTM does: ((t_start, t_end, n_rows), ...) covering
+    the positions in order, each computing only the first n_rows rows (rows
+    beyond must be padding there). None computes every row at every position."""
     dim: int
     projection_dim: int
     cell_clip: float | None
     proj_clip: float | None
     unroll: int = 1
     dtype: jnp.dtype = jnp.float32  # matmul input dtype; state and gates stay float32
+    segments: tuple | None = None
 
     @nn.compact
     def __call__(self, x, mask, h0, c0):
         """x: [2, B, T, Pin], mask: [B, T] bool, h0: [2, B, P], c0: [2, B, D]
         -> (outputs [2, B, T, P], (h [2, B, P], c [2, B, D]))."""
         D, P, Pin = self.dim, self.projection_dim, x.shape[-1]
+        B, T = mask.shape
         init = _glorot_rows(Pin + P, 4 * D)
         w_in = self.param("w_in", init, (2, Pin, 4 * D))
         w_h = self.param("w_h", init, (2, P, 4 * D))
         b = self.param("b", nn.initializers.zeros, (2, 4 * D))
         w_proj = self.param("w_proj", _glorot_rows(D, P), (2, D, P))
-        gx = jnp.einsum("dbtp,dpg->tdbg", x.astype(self.dtype), w_in.astype(self.dtype),
-                        preferred_element_type=jnp.float32) + b[None, :, None, :]
+        w_in, w_h, w_proj = (w.astype(self.dtype) for w in (w_in, w_h, w_proj))
         step = lambda carry, inputs: lstm_step(  # noqa: E731
-            w_h.astype(self.dtype), w_proj.astype(self.dtype), self.cell_clip,
-            self.proj_clip, carry, inputs)
-        (h, c), out = jax.lax.scan(step, (h0, c0), (gx, mask.T), unroll=self.unroll)
-        return jnp.transpose(out, (1, 2, 0, 3)), (h, c)
+            w_h, w_proj, self.cell_clip, self.proj_clip, carry, inputs)
+        if self.segments and (self.segments[-1][1] > T or max(n for *_, n in self.segments) > B):
+            raise ValueError(f"segments {self.segments} do not fit a batch of {B} x {T}")
+        h, c = h0, c0
+        pieces = []
+        for t0, t1, n in self.segments or ((0, T, B),):
+            # the input-to-gates matmul for all positions of the segment, outside the scan
+            gx = jnp.einsum("dbtp,dpg->tdbg", x[:, :n, t0:t1].astype(self.dtype), w_in,
+                            preferred_element_type=jnp.float32) + b[None, :, None, :]
+            (hn, cn), out = jax.lax.scan(step, (h[:, :n], c[:, :n]), (gx, mask[:n, t0:t1].T),
+                                         unroll=self.unroll)
+            h, c = h.at[:, :n].set(hn), c.at[:, :n].set(cn)
+            out = jnp.transpose(out, (1, 2, 0, 3))                    # [2, n, t1 - t0, P]
+            pieces.append(jnp.pad(out, ((0, 0), (0, B - n), (0, 0), (0, 0))))
+        out = jnp.concatenate(pieces, axis=2)
+        if out.shape[2] < T:  # positions after the last segment are padding
+            out = jnp.pad(out, ((0, 0), (0, 0), (0, T - out.shape[2]), (0, 0)))
+        return out, (h, c)
+
+
+def packed_segments(lengths, quantum: int = 8) -> tuple:
+    """The `segments` of LSTMLayer for rows sorted by length (longest first):
+    rows go in groups of `quantum`, each group running until its longest row
+    ends, rounded up to a multiple of `quantum` positions (fewer distinct
+    schedules, so fewer compilations)."""
+    lengths = [int(n) for n in lengths]
+    if any(a < b for a, b in zip(lengths, lengths[1:])):
+        raise ValueError("packed rows must be sorted by length, longest first")
+    B, T = len(lengths), -(-max(lengths, default=0) // quantum) * quantum
+    ends = []  # (end position, rows active until then), the groups from the last one up
+    for g in range(0, B, quantum):
+        end = min(-(-lengths[g] // quantum) * quantum, T)
+        ends.append((end, min(g + quantum, B)))
+    segments, start = [], 0
+    for end, rows in sorted(ends, key=lambda e: (e[0], -e[1])):
+        if end > start:
+            n = max(r for e, r in ends if e >= end)
+            segments.append((start, end, n))
+            start = end
+    return tuple(segments)
 
 
 class BiLSTM(nn.Module):
@@ -146,6 +188,7 @@ class BiLSTM(nn.Module):
     options: ElmoOptions
     unroll: int = 1
     dtype: jnp.dtype = jnp.float32
+    segments: tuple | None = None
 
     @nn.compact
     def __call__(self, x, mask, state: LSTMState, deterministic: bool = True):
@@ -155,7 +198,7 @@ class BiLSTM(nn.Module):
         for layer in range(o.n_layers):
             x_in = nn.Dropout(self.options.dropout)(x, deterministic=deterministic)
             out, (h, c) = LSTMLayer(o.dim, o.projection_dim, o.cell_clip, o.proj_clip,
-                                    unroll=self.unroll, dtype=self.dtype,
+                                    unroll=self.unroll, dtype=self.dtype, segments=self.segments,
                                     name=f"layer_{layer}")(x_in, mask, state.h[layer], state.c[layer])
             if o.use_skip_connections and layer > 0:
                 out = out + x_in
@@ -218,10 +261,12 @@ class BiLM(nn.Module):
     options: ElmoOptions
     unroll: int = 1
     dtype: jnp.dtype = jnp.float32
+    segments: tuple | None = None  # see LSTMLayer
 
     def setup(self):
         self.char_encoder = CharEncoder(self.options)
-        self.lstm = BiLSTM(self.options, unroll=self.unroll, dtype=self.dtype)
+        self.lstm = BiLSTM(self.options, unroll=self.unroll, dtype=self.dtype,
+                           segments=self.segments)
 
     def tokens(self, char_ids):
         """[..., C] -> [..., P] context-independent token vectors."""

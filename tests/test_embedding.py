@@ -105,7 +105,7 @@ def test_wrapper_buckets_lengths_so_new_inputs_rarely_compile(model):
     from elmo_jax.embedding import embed_token_vectors, encode_tokens
 
     _, options, _, params = model
-    elmo = elmo_jax.Elmo(params, options)
+    elmo = elmo_jax.Elmo(params, options, pack=False)
     elmo.embed_sentences([["a"] * 9, ["b"] * 3], batch_size=2)
     compiled = lambda: embed_token_vectors._cache_size() + encode_tokens._cache_size()  # noqa
     before = compiled()
@@ -114,6 +114,18 @@ def test_wrapper_buckets_lengths_so_new_inputs_rarely_compile(model):
     assert compiled() == before
     elmo.embed_sentences([["x"] * 17, ["v"] * 2], batch_size=2)  # the next bucket compiles
     assert compiled() == before + 1
+
+
+def test_packed_wrapper_compiles_a_few_schedules_for_a_corpus(model):
+    from elmo_jax.embedding import embed_token_vectors
+
+    _, options, _, params = model
+    rng = np.random.default_rng(0)
+    corpus = [["w%d" % k for k in range(int(n))] for n in rng.integers(1, 60, 400)]
+    before = embed_token_vectors._cache_size()
+    out = elmo_jax.Elmo(params, options).embed_sentences(corpus, batch_size=32)
+    assert [a.shape[1] for a in out] == [len(s) for s in corpus]
+    assert embed_token_vectors._cache_size() - before <= 8  # 13 batches
 
 
 def test_cached_vocabulary_path_equals_plain_path(model):
@@ -182,3 +194,23 @@ def test_sharded_jit_over_four_cpu_devices():
     assert r.returncode == 0, r.stderr[-3000:]
     diff = float(r.stdout.split("maxdiff")[1])
     assert diff < 1e-5
+
+
+def test_packed_lstm_equals_unpacked(model):
+    """Rows sorted by length: the packed schedule skips padding, same numbers."""
+    from elmo_jax.embedding import embed_token_vectors, encode_tokens
+    from elmo_jax.model import packed_segments
+
+    _, options, _, params = model
+    sents = sorted([["w%d" % (i * j % 7) for j in range(n)] for i, n in
+                    enumerate([1, 3, 19, 5, 12, 0, 9, 30, 2, 7, 16])], key=len, reverse=True)
+    ids = elmo_jax.batch_to_char_ids(sents, min_length=30)
+    tokens, mask = encode_tokens(params, ids, options), ids.any(-1)
+    segments = packed_segments(mask.sum(1) + 2, quantum=4)
+    assert len(segments) > 1 and segments[-1][2] < len(sents)
+    plain = embed_token_vectors(params, tokens, mask, options)
+    packed = embed_token_vectors(params, tokens, mask, options, segments=segments)
+    np.testing.assert_allclose(np.asarray(packed.layers), np.asarray(plain.layers), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(packed.state.c), np.asarray(plain.state.c), atol=1e-5)
+    with pytest.raises(ValueError, match="sorted by length"):
+        packed_segments([3, 5])

@@ -1,0 +1,163 @@
+"""The GPU check: the `original` config's train step and `embed` at large batch,
+in float32 and bfloat16, on whatever accelerator JAX finds. Installs nothing;
+prints one line per measurement and a final JSON line.
+
+    python bench/gpu.py [--train-batch 512] [--embed-batch 1024] [--seconds 20]
+
+Reported per run: tokens/s (median step), achieved TFLOP/s of useful work
+(forward: token encoder + LSTMs; training: 3x the forward plus the sampled
+softmax), and the device's peak memory. Goals (issue): training >= 200k
+tokens/s (an epoch of the 1B Word Benchmark in under an hour), embed >= 1M
+tokens/s. Synthetic data: random tokens of real-looking lengths, since only
+speed is measured here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _common  # noqa: E402
+
+
+def _timed(fn, seconds: float, min_reps: int = 3):
+    out = fn()  # compile + warm up
+    _block(out)
+    t0 = time.perf_counter()
+    fn_out = fn()
+    _block(fn_out)
+    first = time.perf_counter() - t0
+    times = [first]
+    while sum(times) < seconds or len(times) < min_reps:
+        t0 = time.perf_counter()
+        _block(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _block(x):
+    import jax
+    jax.block_until_ready(x)
+
+
+def peak_memory_gib() -> float | None:
+    import jax
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return round(peak / 2**30, 2) if peak else None
+
+
+def bench_train(options, batch, dtype, seconds, vocab_size):
+    import jax
+    import numpy as np
+
+    from elmo_jax import training
+
+    options = options.replace(batch_size=batch, n_tokens_vocab=vocab_size)
+    config = training.TrainConfig(compute_dtype=dtype)
+    mesh = training.make_mesh(config)
+    _, shardings = training._abstract_state(options, config, vocab_size, batch, mesh)
+    state = jax.jit(lambda: training.init_train_state(options, config, vocab_size, batch),
+                    out_shardings=shardings)()
+    tx = training.make_optimizer(options, config)
+    bsh = training.batch_shardings(mesh)
+    step = jax.jit(lambda s, b: training.train_step(s, b, options=options, config=config, tx=tx),
+                   in_shardings=(shardings, bsh), out_shardings=(shardings, None),
+                   donate_argnums=0)
+    rng = np.random.default_rng(0)
+    U, C = options.unroll_steps, options.char_cnn.max_characters_per_token
+    n_groups = mesh.shape["data"]
+    n_table = 2048
+    chars = rng.integers(1, 261, (n_groups, n_table, C)).astype(np.int32)
+    chars[:, :, 12:] = 261  # words of ~10 bytes, then padding
+    local = {"token_chars": chars,
+             "token_index": rng.integers(1, n_table, (2, batch, U)).astype(np.int32),
+             "targets": np.minimum(rng.zipf(1.3, (2, batch, U)), vocab_size - 1).astype(np.int32),
+             "mask": np.ones((batch, U), bool)}
+    data = training.global_batch(local, bsh)
+    holder = {"state": state}
+
+    def one():
+        holder["state"], m = step(holder["state"], data)
+        return m["loss"]
+
+    med = _timed(one, seconds)
+    tokens = batch * U
+    f = _common.forward_flops_per_token(options)
+    softmax = 2 * 2 * (options.n_negative_samples_batch + 1) * options.lstm.projection_dim
+    # token encoder on the distinct tokens of the batch (here n_table per group)
+    flops = 3 * (tokens * (f["lstm"] + softmax) + n_groups * n_table * f["token_encoder"])
+    return {"what": "train", "dtype": dtype, "batch": batch, "tokens_per_s": round(tokens / med),
+            "tflops_per_s": round(flops / med / 1e12, 1), "step_s": round(med, 4),
+            "peak_memory_gib": peak_memory_gib()}
+
+
+def bench_embed(options, params, batch, dtype, seconds, length=27):
+    import jax.numpy as jnp
+    import numpy as np
+
+    from elmo_jax.embedding import embed_token_vectors, encode_tokens
+
+    rng = np.random.default_rng(0)
+    C = options.char_cnn.max_characters_per_token
+    n_distinct = 4096
+    chars = rng.integers(1, 257, (n_distinct, C)).astype(np.int32)
+    chars[:, 12:] = 261
+    index = rng.integers(0, n_distinct, (batch, length))
+    mask = jnp.ones((batch, length), bool)
+    dt = jnp.dtype(dtype)
+
+    def one():
+        vecs = encode_tokens(params, chars, options)           # each distinct token once
+        out = embed_token_vectors(params, vecs[index], mask, options, dtype=dt)
+        return out.layers
+
+    med = _timed(one, seconds)
+    f = _common.forward_flops_per_token(options)
+    tokens = batch * length
+    flops = (tokens + 2 * batch) * f["lstm"] + n_distinct * f["token_encoder"]
+    return {"what": "embed", "dtype": dtype, "batch": batch, "tokens_per_s": round(tokens / med),
+            "tflops_per_s": round(flops / med / 1e12, 1), "step_s": round(med, 4),
+            "peak_memory_gib": peak_memory_gib()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--train-batch", type=int, default=512)
+    ap.add_argument("--embed-batch", type=int, default=1024)
+    ap.add_argument("--seconds", type=float, default=15.0, help="timing per measurement")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--only", choices=["train", "embed"])
+    ap.add_argument("--config", default="original", help="a configs/ name (tiny: smoke test)")
+    ap.add_argument("--vocab-size", type=int, default=793471,
+                    help="softmax rows (the 1B Word Benchmark's vocabulary by default)")
+    args = ap.parse_args(argv)
+    import jax
+
+    from elmo_jax import init_params, training
+
+    options, _ = training.load_config(os.path.join(_common.REPO, "configs", f"{args.config}.json"))
+    print(f"devices: {jax.devices()}", flush=True)
+    results = []
+    params = init_params(options, jax.random.PRNGKey(0))
+    for dtype in args.dtypes.split(","):
+        if args.only != "train":
+            r = bench_embed(options, params, args.embed_batch, dtype, args.seconds)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+        if args.only != "embed":
+            r = bench_train(options, args.train_batch, dtype, args.seconds, args.vocab_size)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+    print(json.dumps({"benchmark": "gpu", "device": str(jax.devices()[0]),
+                      **_common.machine(), "results": results}))
+
+
+if __name__ == "__main__":
+    main()
