@@ -506,9 +506,16 @@ def train(options: ElmoOptions, config: TrainConfig, train_files: str, vocab_fil
                mininterval=0.5 if sys.stderr.isatty() else 30.0)
     last_saved = resume_step
     try:
+        shardings_b = batch_shardings(mesh)
+        batch = global_batch(next(batcher), shardings_b)
+        position = batcher.position()  # of the data after `batch`
         while step < max_steps:
-            batch = global_batch(next(batcher), batch_shardings(mesh))
             state, metrics = step_fn(state, batch)
+            # the next batch is made on the host while the device computes this step
+            state_position = position
+            if step + 1 < max_steps:
+                batch = global_batch(next(batcher), shardings_b)
+                position = batcher.position()
             loss = float(metrics["loss"])
             step += 1
             if not math.isfinite(loss):
@@ -536,7 +543,7 @@ def train(options: ElmoOptions, config: TrainConfig, train_files: str, vocab_fil
                 window_t, window_tokens, window_loss, window_n = now, 0, 0.0, 0
             timed_out = config.max_seconds is not None and time.time() - t_start > config.max_seconds
             if step % config.checkpoint_every == 0 or stop["signal"] or timed_out:
-                save_checkpoint(mngr, state, batcher.position())
+                save_checkpoint(mngr, state, state_position)
                 last_saved = step
             if eval_files and config.eval_every and step % config.eval_every == 0:
                 last = {"step": step, **evaluate(state.params, options, config, vocab, eval_files)}
@@ -547,7 +554,7 @@ def train(options: ElmoOptions, config: TrainConfig, train_files: str, vocab_fil
                            "command again to resume.", file=sys.stderr)
                 break
         if step == max_steps and last_saved != step:
-            save_checkpoint(mngr, state, batcher.position())
+            save_checkpoint(mngr, state, state_position)
         if eval_files and not (config.eval_every and step % config.eval_every == 0):
             last = {"step": step, **evaluate(state.params, options, config, vocab, eval_files)}
             log.write(last)

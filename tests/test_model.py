@@ -147,3 +147,48 @@ def test_init_params_shapes_match_the_weight_format():
     ds = params_to_datasets(params, options)
     assert {k: v.shape for k, v in ds.items()} == expected_shapes(options)
     assert not np.asarray(params["char_encoder"]["char_embed"][0]).any()
+
+
+@pytest.mark.parametrize("clips", [(0.4, 0.3), (None, None)])
+def test_lstm_scan_backward_equals_autodiff(clips):
+    """The hand-written backward pass of lstm_scan against JAX's autodiff of
+    the plain scan over lstm_step: ragged masks, clipping active, carried state."""
+    import jax
+    import jax.numpy as jnp
+
+    from elmo_jax.model import lstm_scan, lstm_step
+
+    cell_clip, proj_clip = clips
+    T, B, P, D = 7, 3, 4, 5
+    ks = jax.random.split(jax.random.PRNGKey(0), 8)
+    w_h_t = jax.random.normal(ks[0], (2, 4 * D, P))
+    w_proj_t = jax.random.normal(ks[1], (2, P, D))
+    gx = 2 * jax.random.normal(ks[2], (T, 2, B, 4 * D))
+    h0, c0 = jax.random.normal(ks[3], (2, B, P)), jax.random.normal(ks[4], (2, B, D))
+    mask = (jnp.arange(T)[:, None] < jnp.array([7, 4, 1])[None, :]).astype(jnp.float32)
+    probe_out = jax.random.normal(ks[5], (T, 2, B, P))
+    probe_h, probe_c = jax.random.normal(ks[6], (2, B, P)), jax.random.normal(ks[7], (2, B, D))
+
+    def reference(w_h_t, w_proj_t, gx, h0, c0):
+        step = lambda carry, x: lstm_step(w_h_t, w_proj_t, cell_clip, proj_clip, carry, x)  # noqa
+        (h, c), out = jax.lax.scan(step, (h0, c0), (gx, mask))
+        return out, (h, c)
+
+    def custom(w_h_t, w_proj_t, gx, h0, c0):
+        return lstm_scan(cell_clip, proj_clip, 1, w_h_t, w_proj_t, gx, mask, h0, c0)
+
+    def loss(f):
+        def value(*args):
+            out, (h, c) = f(*args)
+            return jnp.sum(out * probe_out) + jnp.sum(h * probe_h) + jnp.sum(c * probe_c)
+        return jax.jit(jax.value_and_grad(value, argnums=(0, 1, 2, 3, 4)))
+
+    args = (w_h_t, w_proj_t, gx, h0, c0)
+    (v_ref, g_ref), (v, g) = loss(reference)(*args), loss(custom)(*args)
+    np.testing.assert_allclose(v, v_ref, rtol=1e-6)
+    for name, a, b in zip(["w_h_t", "w_proj_t", "gx", "h0", "c0"], g, g_ref):
+        assert float(jnp.abs(b).max()) > 0, name
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
+    if cell_clip is not None:  # the clips were active somewhere
+        out, _ = custom(*args)
+        assert float(jnp.abs(out).max()) == pytest.approx(proj_clip)
