@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo venv clean
+.PHONY: test demo results venv clean
 
 venv: $(STAMP)
 
@@ -20,6 +20,9 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) demo.py
+
+results: $(STAMP)
+	$(PY) results.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

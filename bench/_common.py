@@ -110,3 +110,23 @@ def write_json(path: str | None, obj: dict) -> None:
     if path:
         with open(path, "w") as fh:
             json.dump(obj, fh, indent=2)
+
+
+def print_runs(runs: dict, rss, first, first_label: str) -> dict:
+    """Print one table row per implementation (median tokens/s, spread, peak
+    memory, start-up) and return those numbers keyed `<impl>_...`; `rss` and
+    `first` read a run's peak memory and start-up seconds."""
+    print(f"{'implementation':14s} {'tokens/s (median)':>18s} {'range (spread)':>22s} "
+          f"{'peak RSS MiB':>13s} {first_label:>13s}")
+    summary = {}
+    for impl, rs in runs.items():
+        if not rs:
+            continue
+        tps = [r["tokens_per_s"] for r in rs]
+        med, mem = statistics.median(tps), max(map(rss, rs))
+        start = statistics.median(map(first, rs))
+        print(f"{impl:14s} {med:18.0f} {spread(tps):>22s} {mem:13.0f} {start:13.1f}")
+        key = impl.replace("-", "_")
+        summary.update({f"{key}_tokens_per_s": med, f"{key}_tokens_per_s_all": tps,
+                        f"{key}_peak_rss_mib": mem, f"{key}_first_s": start})
+    return summary

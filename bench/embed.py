@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -105,6 +106,8 @@ def worker(config: str, dtype: str) -> dict:
                        load_s=round(load_s, 2), first_call_s=round(first_call_s, 2),
                        system_busy_before=busy, **info)
     res["gflops_per_s"] = round(total_flops / res["median_s"] / 1e9, 1)
+    # read before the peak-matmul probe below, whose 2048^2 matrices the peer never allocates
+    res["peak_rss_mib_embed"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     res["matmul_peak_gflops_per_s"] = round(matmul_peak_gflops(), 1)
     return res
 
@@ -135,24 +138,13 @@ def main(argv=None):
                "batch_size": 32, **_common.machine()}
     print(f"\nembed, config {args.config}, 30 sentences / 744 tokens, batch 32, "
           f"{args.repeats} alternating runs each")
-    print(f"{'implementation':14s} {'tokens/s (median)':>18s} {'range (spread)':>22s} "
-          f"{'peak RSS MiB':>13s} {'first call s':>13s}")
-    for impl, rs in runs.items():
-        if not rs:
-            continue
-        tps = [r["tokens_per_s"] for r in rs]
-        med = statistics.median(tps)
-        rss = max(r["peak_rss_mib_measured"] for r in rs)
-        first = statistics.median(r.get("first_call_s", r.get("load_s", 0)) for r in rs)
-        print(f"{impl:14s} {med:18.0f} {_common.spread(tps):>22s} {rss:13.0f} {first:13.1f}")
-        key = impl.replace("-", "_")
-        summary.update({f"{key}_tokens_per_s": med, f"{key}_tokens_per_s_all": tps,
-                        f"{key}_peak_rss_mib": rss})
+    summary.update(_common.print_runs(
+        runs, rss=lambda r: r.get("peak_rss_mib_embed", r["peak_rss_mib_measured"]),
+        first=lambda r: r.get("first_call_s", r.get("load_s", 0)), first_label="first call s"))
     ours = runs["elmo-jax"]
     summary["elmo_jax_gflops_per_s"] = statistics.median(r["gflops_per_s"] for r in ours)
     summary["matmul_peak_gflops_per_s"] = statistics.median(r["matmul_peak_gflops_per_s"]
                                                             for r in ours)
-    summary["elmo_jax_first_call_s"] = statistics.median(r["first_call_s"] for r in ours)
     print(f"elmo-jax achieves {summary['elmo_jax_gflops_per_s']} GFLOP/s of useful work; "
           f"an f32 matmul peaks at {summary['matmul_peak_gflops_per_s']} GFLOP/s here")
     if runs["allennlp"]:

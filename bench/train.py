@@ -65,17 +65,12 @@ def run_elmo_jax(config, steps, warmup, dtype, unroll):
                                                                                "cpu")))
 
 
-def worker(config, steps, warmup, dtype, unroll) -> dict:
-    import tempfile
-
-    import jax
-
-    from elmo_jax import ElmoOptions, training
-    from elmo_jax.data import Batcher, TextSource
-    from elmo_jax.vocab import Vocabulary, read_word_list
+def preset_options(config):
+    """The peer's preset as elmo-jax options (bilm-tf's bin/train_elmo.py otherwise)."""
+    from elmo_jax import ElmoOptions
 
     p = PRESETS[config]
-    options = ElmoOptions.from_dict({
+    return ElmoOptions.from_dict({
         "lstm": {"dim": p["dim"], "projection_dim": p["proj"], "n_layers": 2, "cell_clip": 3,
                  "proj_clip": 3, "use_skip_connections": True},
         "char_cnn": {"activation": "relu", "embedding": {"dim": 16}, "filters": p["filters"],
@@ -83,6 +78,18 @@ def worker(config, steps, warmup, dtype, unroll) -> dict:
                      "max_characters_per_token": 50},
         "dropout": 0.1, "batch_size": p["batch_size"], "unroll_steps": 20,
         "n_negative_samples_batch": p["negatives"], "all_clip_norm_val": 10.0})
+
+
+def worker(config, steps, warmup, dtype, unroll) -> dict:
+    import tempfile
+
+    import jax
+
+    from elmo_jax import training
+    from elmo_jax.data import Batcher, TextSource
+    from elmo_jax.vocab import Vocabulary, read_word_list
+
+    options = preset_options(config)
     config_ = training.TrainConfig(learning_rate=0.2, initial_accumulator_value=1.0,
                                    compute_dtype=dtype, scan_unroll=unroll)
     corpus, vocab_full = data_paths()
@@ -160,19 +167,9 @@ def main(argv=None):
                **_common.machine()}
     print(f"\ntrain, config {args.config}, batch {p['batch_size']} x unroll 20, "
           f"{steps} steps ({warmup} warm-up), {args.repeats} alternating runs each")
-    print(f"{'implementation':14s} {'tokens/s (median)':>18s} {'range (spread)':>22s} "
-          f"{'peak RSS MiB':>13s} {'first step s':>13s}")
-    for impl, rs in runs.items():
-        if not rs:
-            continue
-        tps = [r["tokens_per_s"] for r in rs]
-        med = statistics.median(tps)
-        rss = max(r["peak_rss_mib_measured"] for r in rs)
-        first = statistics.median(r["first_step_s"] for r in rs)
-        print(f"{impl:14s} {med:18.0f} {_common.spread(tps):>22s} {rss:13.0f} {first:13.1f}")
-        key = impl.replace("-", "_")
-        summary.update({f"{key}_tokens_per_s": med, f"{key}_tokens_per_s_all": tps,
-                        f"{key}_peak_rss_mib": rss, f"{key}_first_step_s": first})
+    summary.update(_common.print_runs(runs, rss=lambda r: r["peak_rss_mib_measured"],
+                                      first=lambda r: r["first_step_s"],
+                                      first_label="first step s"))
     if runs["bilm-tf"]:
         summary["ratio_vs_bilm_tf"] = round(summary["elmo_jax_tokens_per_s"]
                                             / summary["bilm_tf_tokens_per_s"], 2)

@@ -1,6 +1,7 @@
 """What every command-line entry point shares: bad input is a one-line error."""
 from __future__ import annotations
 
+import json
 import sys
 
 from elmo_jax.data import DataError
@@ -19,3 +20,12 @@ def run_cli(main) -> None:
             FileNotFoundError, UnicodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def print_result(result: dict, out: str | None = None) -> None:
+    """Print a result as one JSON line; with `out`, also append it there."""
+    line = json.dumps(result)
+    if out:
+        with open(out, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+    print(line)

@@ -1,0 +1,189 @@
+"""Where the time goes: the pieces of elmo-jax's train step and embed, timed
+separately (best of a few runs, after compilation), and XLA's matmul speed on
+the shapes that matter next to numpy's BLAS on the same machine.
+
+    python bench/profile.py --config small            # the train-bench preset
+    python bench/profile.py --config original --embed  # also the embed breakdown
+
+Uses the same presets and data as bench/train.py and bench/embed.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+
+def best_ms(f, *args, n=3):
+    import jax
+
+    jax.block_until_ready(f(*args))
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        times.append(time.perf_counter() - t0)
+    return round(1e3 * min(times), 1)
+
+
+def matmuls(shapes):
+    """GFLOP/s of XLA (weights as stored, and transposed) and numpy on [M,K]x[K,N]."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    out = {}
+    for M, K, N in shapes:
+        a = np.random.rand(M, K).astype(np.float32)
+        b = np.random.rand(K, N).astype(np.float32)
+        fl = 2 * M * K * N / 1e9
+        ja, jb, jbt = jnp.asarray(a), jnp.asarray(b), jnp.asarray(np.ascontiguousarray(b.T))
+        kn = jax.jit(lambda a, b: a @ b)
+        nk = jax.jit(lambda a, bt: jnp.einsum("mk,nk->mn", a, bt))
+        t_np = min(_wall(lambda: a @ b) for _ in range(5))
+        out[f"{M}x{K}x{N}"] = {"xla_gflops": round(fl / best_ms(kn, ja, jb) * 1e3),
+                               "xla_transposed_gflops": round(fl / best_ms(nk, ja, jbt) * 1e3),
+                               "numpy_blas_gflops": round(fl / t_np)}
+    return out
+
+
+def _wall(f):
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
+
+
+def train_breakdown(config: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    import train as bench_train
+    from elmo_jax import training
+    from elmo_jax.data import Batcher, TextSource
+    from elmo_jax.model import BiLM
+    from elmo_jax.softmax import sampled_softmax
+    from elmo_jax.vocab import Vocabulary, read_word_list
+
+    p = bench_train.PRESETS[config]
+    B = p["batch_size"]
+    options = bench_train.preset_options(config)
+    cfg = training.TrainConfig()
+    corpus, vocab_full = bench_train.data_paths()
+    words = read_word_list(vocab_full)[:bench_train.VOCAB_SIZE]
+    vocab = Vocabulary(words)
+    options = options.replace(n_tokens_vocab=len(vocab))
+    state = training.init_train_state(options, cfg, len(vocab), B)
+    batch = {k: jnp.asarray(v) for k, v in
+             next(Batcher(TextSource(corpus), vocab, B, options.unroll_steps)).items()}
+    model = BiLM(options)
+    bilm = state.params["bilm"]
+    P = options.lstm.projection_dim
+    x = 0.1 * jnp.ones((2, B, options.unroll_steps, P))
+    mask = jnp.ones((B, options.unroll_steps), bool)
+    rng = jax.random.PRNGKey(0)
+    h = jax.random.normal(rng, (2 * B * options.unroll_steps, P))
+    tx = training.make_optimizer(options, cfg)
+    grads = jax.tree.map(jnp.ones_like, state.params)
+
+    def tokens(p):
+        return model.apply({"params": p}, batch["token_chars"], method=BiLM.tokens).sum()
+
+    def lstms(p):
+        return model.apply({"params": p}, x, mask, state.lstm_state, method=BiLM.lstms)[0].sum()
+
+    def softmax(w, b):
+        return sampled_softmax(rng, w, b, h, batch["targets"].reshape(-1),
+                               options.n_negative_samples_batch).mean()
+
+    step = jax.jit(lambda s, b: training.train_step(s, b, options=options, config=cfg, tx=tx))
+    return {
+        "distinct_tokens_encoded": int(batch["token_chars"].shape[1]),
+        "positions_per_step": 2 * B * options.unroll_steps,
+        "full_step_ms": best_ms(step, state, batch),
+        "token_encoder_forward_ms": best_ms(jax.jit(tokens), bilm),
+        "token_encoder_forward_backward_ms": best_ms(jax.jit(jax.grad(tokens)), bilm),
+        "lstms_forward_ms": best_ms(jax.jit(lstms), bilm),
+        "lstms_forward_backward_ms": best_ms(jax.jit(jax.grad(lstms)), bilm),
+        "sampled_softmax_forward_backward_ms": best_ms(
+            jax.jit(jax.grad(softmax, argnums=(0, 1))), state.params["softmax"]["w"],
+            state.params["softmax"]["b"]),
+        "optimizer_update_ms": best_ms(jax.jit(lambda g, o, p: tx.update(g, o, p)), grads,
+                                       state.opt_state, state.params),
+    }
+
+
+def embed_breakdown(config: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import embed as bench_embed
+    from elmo_jax import ElmoOptions, load_weights
+    from elmo_jax.chars import token_to_char_ids
+    from elmo_jax.embedding import embed_token_vectors, encode_tokens
+    from elmo_jax.model import packed_segments
+
+    sys.path.insert(0, bench_embed.allennlp_paths()[0])
+    import bench_embed as be
+
+    options_file, weights_file = bench_embed.weights_for(config)
+    options = ElmoOptions.from_json(options_file)
+    params = jax.device_put(load_weights(weights_file, options))
+    sentences = sorted(be.load_bench_sentences(), key=len, reverse=True)
+    distinct = list(dict.fromkeys(w for s in sentences for w in s))
+    ids = np.zeros((-(-len(distinct) // 16) * 16, options.char_cnn.max_characters_per_token),
+                   np.int32)
+    for i, w in enumerate(distinct):
+        ids[i] = token_to_char_ids(w)
+    T = -(-(len(sentences[0]) + 2) // 8) * 8 - 2
+    tokens = np.random.randn(32, T, options.lstm.projection_dim).astype(np.float32)
+    mask = np.zeros((32, T), bool)
+    for b, s in enumerate(sentences):
+        mask[b, :len(s)] = True
+    segments = packed_segments(mask.sum(1) + 2)
+    return {
+        "distinct_tokens": len(distinct),
+        "encode_distinct_tokens_ms": best_ms(lambda: encode_tokens(params, ids, options)),
+        "lstms_packed_ms": best_ms(lambda: embed_token_vectors(params, tokens, mask, options,
+                                                               segments=segments).layers),
+        "lstms_unpacked_ms": best_ms(lambda: embed_token_vectors(params, tokens, mask,
+                                                                 options).layers),
+        "lstms_packed_bf16_ms": best_ms(lambda: embed_token_vectors(
+            params, tokens, mask, options, segments=segments, dtype=jnp.bfloat16).layers),
+    }
+
+
+def bench_embed_options(config: str) -> str:
+    import embed as bench_embed
+
+    return bench_embed.weights_for(config)[0]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", choices=["small", "original"], default="small")
+    ap.add_argument("--embed", action="store_true", help="also the embed breakdown")
+    args = ap.parse_args(argv)
+    out = {"config": args.config, **_common.machine(),
+           "train (bench/train.py preset)": train_breakdown(args.config)}
+    if args.embed:
+        out["embed (bench/embed.py weights)"] = embed_breakdown(args.config)
+    D = 512 if args.config == "small" else 4096
+    P = 128 if args.config == "small" else 512
+    B = 32 if args.config == "small" else 128
+    shapes = [(B, P, 4 * D), (B * 20, P, 4 * D), (B, D, P)]  # recurrent, input, projection
+    if args.embed:  # the embed preset's recurrent matmul at batch 32
+        o = json.load(open(bench_embed_options(args.config)))["lstm"]
+        shapes.append((32, o["projection_dim"], 4 * o["dim"]))
+    out["matmul"] = matmuls(sorted(set(shapes)))
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

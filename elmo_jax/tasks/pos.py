@@ -1,0 +1,238 @@
+"""A part-of-speech tagger on top of ELMo, with `embed` inside the jitted train step.
+
+The tagger (a linear layer, or a small biLSTM with `hidden > 0`) reads one of:
+    mix     the learned scalar mix of all biLM layers (AllenNLP's ELMo)
+    layer0  the context-independent token layer only
+    top     the top LSTM layer only
+    random  randomly initialised, trained word embeddings of the same width
+            (the baseline without ELMo)
+The biLM is frozen by default: gradients reach only the mix and the tagger;
+`fine_tune=True` also trains the biLM (at `bilm_learning_rate`).
+
+    python -m elmo_jax.tasks.pos --weights runs/x/export --pos_dir CACHE/brown/pos --mode mix
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from elmo_jax.chars import batch_to_char_ids
+from elmo_jax.cli import print_result, run_cli
+from elmo_jax.embedding import embed, init_mix
+from elmo_jax.options import ElmoOptions
+from elmo_jax.weights import load_weights
+
+MODES = ("mix", "layer0", "top", "random")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaggerConfig:
+    mode: str = "mix"
+    hidden: int = 0                 # 0: a linear tagger; > 0: a biLSTM of this width first
+    epochs: int = 3
+    batch_size: int = 64
+    learning_rate: float = 2e-3
+    dropout: float = 0.2
+    fine_tune: bool = False
+    bilm_learning_rate: float = 1e-4
+    max_train_sentences: int | None = None
+    seed: int = 0
+
+
+def load_split(pos_dir: str, split: str) -> list[tuple[list[str], list[str]]]:
+    """(tokens, universal tags) of each sentence of a `brown` recipe split."""
+    path = os.path.join(pos_dir, f"{split}.jsonl")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing: run `python -m elmo_jax.datasets brown`")
+    with open(path, encoding="utf-8") as fh:
+        return [(r["tokens"], r["upos"]) for r in map(json.loads, fh)]
+
+
+class Tagger(nn.Module):
+    """Representations [B, T, W] -> tag scores [B, T, n_tags]."""
+    n_tags: int
+    hidden: int = 0
+    dropout: float = 0.2
+
+    @nn.compact
+    def __call__(self, x, mask, deterministic: bool = True):
+        x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+        if self.hidden:
+            lengths = jnp.sum(mask, axis=1)
+            x = nn.Bidirectional(nn.RNN(nn.LSTMCell(self.hidden)),
+                                 nn.RNN(nn.LSTMCell(self.hidden)))(x, seq_lengths=lengths)
+            x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+        return nn.Dense(self.n_tags)(x)
+
+
+def _bucket(n: int) -> int:
+    b = 8
+    while b < n:
+        b *= 2
+    return b
+
+
+def make_batches(data, tag_index, word_index, batch_size, max_chars=50):
+    """Length-sorted batches of numpy arrays; lengths padded to powers of two
+    and every batch to `batch_size` rows, so that few shapes are compiled."""
+    order = sorted(range(len(data)), key=lambda i: len(data[i][0]))
+    batches = []
+    for start in range(0, len(order), batch_size):
+        rows = [data[i] for i in order[start:start + batch_size]]
+        T = _bucket(max(len(t) for t, _ in rows))
+        sents = [t for t, _ in rows] + [[]] * (batch_size - len(rows))
+        tags = np.zeros((batch_size, T), np.int32)
+        words = np.zeros((batch_size, T), np.int32)
+        for b, (tokens, tg) in enumerate(rows):
+            tags[b, :len(tg)] = [tag_index[t] for t in tg]
+            words[b, :len(tokens)] = [word_index.get(w, 1) for w in tokens]
+        batches.append({"char_ids": batch_to_char_ids(sents, max_chars, min_length=T),
+                        "tags": tags, "word_ids": words,
+                        "mask": np.arange(T)[None, :] < np.array([len(s) for s in sents])[:, None]})
+    return batches
+
+
+def _features(trainable, bilm, batch, options, mode, layer_count):
+    """The tagger's input [B, T, 2P] for one batch."""
+    if mode == "random":
+        return trainable["embed"][batch["word_ids"]]
+    if mode == "mix":
+        return embed(bilm, batch["char_ids"], options, mix=trainable["mix"]).mixed[0]
+    out = embed(bilm, batch["char_ids"], options)
+    return out.layers[0 if mode == "layer0" else layer_count - 1]
+
+
+def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
+                       config: TaggerConfig, progress: bool = False,
+                       return_params: bool = False):
+    """Train a tagger on `train`, pick the epoch by dev accuracy, report test
+    accuracy (and, with `return_params`, the chosen parameters)."""
+    if config.mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {config.mode!r}")
+    if config.max_train_sentences:
+        train = train[:config.max_train_sentences]
+    tags = sorted({t for _, tg in train for t in tg} | {t for _, tg in dev + test for t in tg})
+    tag_index = {t: i for i, t in enumerate(tags)}
+    words = sorted({w for s, _ in train for w in s})
+    word_index = {w: i + 2 for i, w in enumerate(words)}  # 0 padding, 1 unknown
+    C = options.char_cnn.max_characters_per_token
+    batches = {name: make_batches(d, tag_index, word_index, config.batch_size, C)
+               for name, d in (("train", train), ("dev", dev), ("test", test))}
+    K, W = options.n_output_layers, options.output_dim
+    tagger = Tagger(len(tags), config.hidden, config.dropout)
+    key = jax.random.PRNGKey(config.seed)
+    trainable = {"tagger": tagger.init(key, jnp.zeros((1, 8, W)), jnp.ones((1, 8), bool))["params"]}
+    if config.mode == "mix":
+        trainable["mix"] = init_mix(options)
+    if config.mode == "random":
+        trainable["embed"] = 0.1 * jax.random.normal(jax.random.fold_in(key, 1),
+                                                     (len(words) + 2, W))
+    bilm = jax.tree.map(jnp.asarray, bilm)
+    params = {"trainable": trainable, "bilm": bilm}
+    tx = optax.multi_transform(
+        {"trainable": optax.adam(config.learning_rate),
+         "bilm": optax.adam(config.bilm_learning_rate) if config.fine_tune
+         else optax.set_to_zero()},
+        {"trainable": "trainable", "bilm": "bilm"})
+    opt_state = tx.init(params)
+
+    def loss_fn(params, batch, rng):
+        x = _features(params["trainable"], params["bilm"] if config.fine_tune
+                      else jax.lax.stop_gradient(params["bilm"]), batch, options, config.mode, K)
+        logits = tagger.apply({"params": params["trainable"]["tagger"]}, x, batch["mask"],
+                              deterministic=False, rngs={"dropout": rng})
+        nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch["tags"])
+        m = batch["mask"].astype(jnp.float32)
+        return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+    @jax.jit
+    def train_step(params, opt_state, batch, rng):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch, rng)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    @jax.jit
+    def predict(params, batch):
+        x = _features(params["trainable"], params["bilm"], batch, options, config.mode, K)
+        logits = tagger.apply({"params": params["trainable"]["tagger"]}, x, batch["mask"])
+        return jnp.argmax(logits, -1)
+
+    def accuracy(params, name):
+        right = total = 0
+        for batch in batches[name]:
+            pred = np.asarray(predict(params, batch))
+            m = batch["mask"]
+            right += int(np.sum((pred == batch["tags"]) & m))
+            total += int(m.sum())
+        return right / total
+
+    rng = np.random.default_rng(config.seed)
+    t0 = time.time()
+    best = {"dev_accuracy": -1.0}
+    step = 0
+    for epoch in range(1, config.epochs + 1):
+        losses = []
+        for b in rng.permutation(len(batches["train"])):
+            params, opt_state, loss = train_step(params, opt_state, batches["train"][b],
+                                                 jax.random.fold_in(key, step))
+            losses.append(float(loss))
+            step += 1
+        dev_acc = accuracy(params, "dev")
+        if progress:
+            print(f"[pos {config.mode}] epoch {epoch}: train loss {np.mean(losses):.4f}, "
+                  f"dev accuracy {dev_acc:.4f}", file=sys.stderr, flush=True)
+        if dev_acc > best["dev_accuracy"]:
+            best = {"dev_accuracy": dev_acc, "epoch": epoch, "params": params}
+    result = {"mode": config.mode, "hidden": config.hidden, "fine_tune": config.fine_tune,
+              "epochs": config.epochs, "best_epoch": best["epoch"],
+              "dev_accuracy": round(best["dev_accuracy"], 4),
+              "test_accuracy": round(accuracy(best["params"], "test"), 4),
+              "train_sentences": len(train), "test_tokens": sum(len(t) for t, _ in test),
+              "n_tags": len(tags), "train_seconds": round(time.time() - t0, 1)}
+    if config.mode == "mix":
+        w = jax.nn.softmax(best["params"]["trainable"]["mix"]["weights"][0])
+        result["mix_weights"] = [round(float(x), 3) for x in w]
+        result["mix_gamma"] = round(float(best["params"]["trainable"]["mix"]["gamma"][0]), 3)
+    return (result, best["params"]) if return_params else result
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--weights", required=True, help="a directory with options.json and "
+                                                     "weights.hdf5 (train.py export)")
+    ap.add_argument("--pos_dir", required=True, help="the brown recipe's pos/ directory")
+    ap.add_argument("--mode", choices=MODES, default="mix")
+    ap.add_argument("--hidden", type=int, default=0)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch_size", type=int, default=64)
+    ap.add_argument("--learning_rate", type=float, default=2e-3)
+    ap.add_argument("--fine_tune", action="store_true", help="also train the biLM")
+    ap.add_argument("--max_train_sentences", type=int)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="append the result as a JSON line to this file")
+    args = ap.parse_args(argv)
+    options = ElmoOptions.from_json(os.path.join(args.weights, "options.json"))
+    bilm = load_weights(os.path.join(args.weights, "weights.hdf5"), options)
+    config = TaggerConfig(mode=args.mode, hidden=args.hidden, epochs=args.epochs,
+                          batch_size=args.batch_size, learning_rate=args.learning_rate,
+                          fine_tune=args.fine_tune, max_train_sentences=args.max_train_sentences,
+                          seed=args.seed)
+    splits = [load_split(args.pos_dir, s) for s in ("train", "dev", "test")]
+    result = {"weights": args.weights, **train_and_evaluate(bilm, options, *splits, config,
+                                                            progress=True)}
+    print_result(result, args.out)
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,198 @@
+"""`make results`: the downstream experiments behind RESULTS.md, end to end.
+
+1. pretrains the `tiny` biLM on State of the Union addresses (another domain
+   than the tasks' text) for --pretrain_minutes;
+2. fine-tunes it on the Brown corpus's training files (the tagging task's own
+   text: the paper's "biased" pretraining / domain transfer) for --finetune_minutes;
+3. tags Brown (universal POS, fixed split by file) with a linear tagger over:
+   the scalar mix, layer 0, the top layer, and random word embeddings;
+4. runs the 1-nearest-neighbour WordNet sense probe per layer;
+5. writes the tables of RESULTS.md (between its markers) and runs/results/results.json.
+
+    python results.py [--pretrain_minutes 20] [--finetune_minutes 8] [--tagger_epochs 2]
+
+Each step prints the command line that repeats it on its own, and leaves its\nresult in --workdir: run again, it resumes after the last finished step.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def say(msg):
+    print(f"\n== {msg}", flush=True)
+
+
+def cached(path, compute):
+    """The JSON record at `path`, computed (and written) only when missing, so
+    that an interrupted `make results` resumes where it stopped."""
+    if os.path.exists(path):
+        with open(path) as fh:
+            return json.load(fh)
+    record = compute()
+    with open(path, "w") as fh:
+        json.dump(record, fh, indent=2)
+    return record
+
+
+def pretrain(name, train_glob, vocab_file, workdir, minutes, init_from=None):
+    from elmo_jax import training
+
+    options, config = training.load_config(os.path.join(HERE, "configs", "tiny.json"))
+    config = dataclasses.replace(config, max_seconds=60 * minutes, log_every=100)
+    cmd = (f"python train.py --config configs/tiny.json --train_files '{train_glob}' "
+           f"--vocab_file {vocab_file} --workdir {workdir} --max_seconds {60 * minutes:g}"
+           + (f" --init_from {init_from}" if init_from else ""))
+    say(f"{name}: {cmd}")
+    t0 = time.time()
+    last = training.train(options, config, train_glob, vocab_file, workdir, init_from=init_from)
+    seconds = time.time() - t0
+    training.export(workdir, os.path.join(workdir, "export"))
+    steps = last["step"]
+    return {"name": name, "command": cmd, "steps": steps,
+            "tokens_seen": steps * options.batch_size * options.unroll_steps,
+            "train_seconds": round(seconds), "export": os.path.join(workdir, "export")}
+
+
+def write_vocab(files, out, max_vocab=20000):
+    from elmo_jax.data import list_shards, read_sentences
+    from elmo_jax.vocab import build_vocab, count_tokens
+
+    counts = count_tokens(s for f in list_shards(files) for s in read_sentences(f))
+    build_vocab(counts, max_vocab=max_vocab).to_file(out)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pretrain_minutes", type=float, default=20)
+    ap.add_argument("--finetune_minutes", type=float, default=8)
+    ap.add_argument("--tagger_epochs", type=int, default=2)
+    ap.add_argument("--workdir", default=os.path.join("runs", "results"))
+    ap.add_argument("--max_train_sentences", type=int,
+                    help="tag with only this many training sentences (a quick smoke run)")
+    ap.add_argument("--cache_dir")
+    args = ap.parse_args()
+
+    from elmo_jax import ElmoOptions, datasets, load_weights, training
+    from elmo_jax.embedding import Elmo
+    from elmo_jax.tasks import pos, wsd
+
+    w = args.workdir
+    os.makedirs(w, exist_ok=True)
+    rec = {n: datasets.prepare(n, args.cache_dir) for n in ("brown", "sotu", "wordnet")}
+    models = {}
+    sotu_vocab = write_vocab(rec["sotu"]["train_files"], os.path.join(w, "vocab-sotu.txt"))
+    models["sotu"] = cached(os.path.join(w, "model-sotu.json"), lambda: pretrain(
+        "pretrain on SOTU", rec["sotu"]["train_files"], sotu_vocab, os.path.join(w, "sotu"),
+        args.pretrain_minutes))
+    brown_vocab = write_vocab(rec["brown"]["train_files"], os.path.join(w, "vocab-brown.txt"))
+    models["sotu+brown"] = cached(os.path.join(w, "model-sotu+brown.json"), lambda: pretrain(
+        "fine-tune on Brown's training text", rec["brown"]["train_files"], brown_vocab,
+        os.path.join(w, "sotu+brown"), args.finetune_minutes,
+        init_from=os.path.join(models["sotu"]["export"], "weights.hdf5")))
+    for name, m in models.items():
+        run = os.path.join(w, name)
+        say(f"perplexity of {name} on the Brown test files: python train.py eval --workdir {run} "
+            f"--eval_files {rec['brown']['test_file']}")
+        m["brown_test"] = cached(os.path.join(w, f"brown-test-{name}.json"),
+                                 lambda: training.evaluate_workdir(run, rec["brown"]["test_file"]))
+        print(json.dumps(m["brown_test"]))
+
+    splits = [pos.load_split(rec["brown"]["pos_dir"], s) for s in ("train", "dev", "test")]
+    tagging = []
+    runs = [("sotu", mode) for mode in ("mix", "layer0", "top", "random")] + [("sotu+brown", "mix"),
+                                                                              ("sotu+brown", "top")]
+    for name, mode in runs:
+        export = models[name]["export"]
+        cmd = (f"python -m elmo_jax.tasks.pos --weights {export} --pos_dir "
+               f"{rec['brown']['pos_dir']} --mode {mode} --epochs {args.tagger_epochs}")
+        say(cmd)
+
+        def tag():
+            options = ElmoOptions.from_json(os.path.join(export, "options.json"))
+            bilm = load_weights(os.path.join(export, "weights.hdf5"), options)
+            config = pos.TaggerConfig(mode=mode, epochs=args.tagger_epochs,
+                                      max_train_sentences=args.max_train_sentences)
+            return {**pos.train_and_evaluate(bilm, options, *splits, config, progress=True),
+                    "model": name, "command": cmd}
+
+        r = cached(os.path.join(w, f"pos-{name}-{mode}.json"), tag)
+        print(json.dumps(r))
+        tagging.append(r)
+
+    probes = []
+    for name, m in models.items():
+        cmd = (f"python -m elmo_jax.tasks.wsd --weights {m['export']} --examples "
+               f"{rec['wordnet']['examples_file']}")
+        say(cmd)
+
+        def run_probe(m=m, name=name, cmd=cmd):
+            elmo = Elmo.from_files(os.path.join(m["export"], "options.json"),
+                                   os.path.join(m["export"], "weights.hdf5"))
+            return {"model": name, "command": cmd,
+                    **wsd.probe(elmo, wsd.load_examples(rec["wordnet"]["examples_file"]))}
+
+        r = cached(os.path.join(w, f"wsd-{name}.json"), run_probe)
+        print(json.dumps(r))
+        probes.append(r)
+
+    out = {"models": models, "tagging": tagging, "wsd": probes,
+           "args": vars(args), "date": time.strftime("%Y-%m-%d")}
+    with open(os.path.join(w, "results.json"), "w") as fh:
+        json.dump(out, fh, indent=2)
+    write_tables(out, os.path.join(HERE, "RESULTS.md"))
+    print("\nwrote RESULTS.md tables and", os.path.join(w, "results.json"))
+
+
+def write_tables(out: dict, path: str) -> None:
+    """Replace the text between the markers of RESULTS.md with fresh tables."""
+    lines = [f"Run of {out['date']} (`python results.py "
+             f"--pretrain_minutes {out['args']['pretrain_minutes']:g} "
+             f"--finetune_minutes {out['args']['finetune_minutes']:g} "
+             f"--tagger_epochs {out['args']['tagger_epochs']}`).", "",
+             "**biLMs** (the `tiny` config, 256 cells / 64 projection, 2 layers):", "",
+             "| model | how | steps | tokens seen | training time | Brown test perplexity (fwd / bwd / avg) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name, m in out["models"].items():
+        b = m["brown_test"]
+        lines.append(f"| {name} | `{m['command']}` | {m['steps']} | {m['tokens_seen']:,} | "
+                     f"{m['train_seconds'] / 60:.0f} min | {b['eval_ppl_forward']:.0f} / "
+                     f"{b['eval_ppl_backward']:.0f} / {b['eval_ppl']:.0f} |")
+    lines += ["", "**POS tagging** (Brown, 12 universal tags, linear tagger, test accuracy; "
+              "epoch chosen on dev):", "",
+              "| biLM | input to the tagger | dev | test | mix weights (layer 0, 1, 2) | command |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    names = {"mix": "ELMo scalar mix", "layer0": "layer 0 only", "top": "top layer only",
+             "random": "random word embeddings (no ELMo)"}
+    for r in out["tagging"]:
+        model = "—" if r["mode"] == "random" else r["model"]
+        weights = ", ".join(f"{x:.2f}" for x in r.get("mix_weights", [])) or ""
+        lines.append(f"| {model} | {names[r['mode']]} | {r['dev_accuracy']:.4f} | "
+                     f"{r['test_accuracy']:.4f} | {weights} | `{r['command']}` |")
+    lines += ["", "**Word-sense probe** (WordNet usage examples, leave-one-out 1-nearest "
+              "neighbour per layer):", "",
+              "| biLM | lemmas | scored examples | first sense | layer 0 | layer 1 | layer 2 | command |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in out["wsd"]:
+        acc = " | ".join(f"{a:.4f}" for a in r["accuracy_by_layer"])
+        lines.append(f"| {r['model']} | {r['lemmas']} | {r['scored_examples']} | "
+                     f"{r['first_sense_accuracy']:.4f} | {acc} | `{r['command']}` |")
+    table = "\n".join(lines)
+    begin, end = "<!-- results: begin -->", "<!-- results: end -->"
+    text = open(path).read() if os.path.exists(path) else f"# Results\n\n{begin}\n{end}\n"
+    text = re.sub(re.escape(begin) + ".*?" + re.escape(end), f"{begin}\n{table}\n{end}", text,
+                  flags=re.S)
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+if __name__ == "__main__":
+    main()
