@@ -108,8 +108,9 @@ def main():
 
     splits = [pos.load_split(rec["brown"]["pos_dir"], s) for s in ("train", "dev", "test")]
     tagging = []
-    runs = [("sotu", mode) for mode in ("mix", "layer0", "top", "random")] + [("sotu+brown", "mix"),
-                                                                              ("sotu+brown", "top")]
+    runs = [("sotu", mode) for mode in ("mix", "layer0", "top", "random")] + [
+        ("sotu+brown", "mix"), ("sotu+brown", "top"), ("sotu", "random+mix"),
+        ("sotu+brown", "random+mix")]
     for name, mode in runs:
         export = models[name]["export"]
         cmd = (f"python -m elmo_jax.tasks.pos --weights {export} --pos_dir "
@@ -128,6 +129,9 @@ def main():
         print(json.dumps(r))
         tagging.append(r)
 
+    baseline = pos.most_frequent_tag_accuracy(splits[0], splits[2])
+    print("most frequent tag per word:", json.dumps(baseline))
+
     probes = []
     for name, m in models.items():
         cmd = (f"python -m elmo_jax.tasks.wsd --weights {m['export']} --examples "
@@ -144,7 +148,7 @@ def main():
         print(json.dumps(r))
         probes.append(r)
 
-    out = {"models": models, "tagging": tagging, "wsd": probes,
+    out = {"models": models, "tagging": tagging, "most_frequent_tag": baseline, "wsd": probes,
            "args": vars(args), "date": time.strftime("%Y-%m-%d")}
     with open(os.path.join(w, "results.json"), "w") as fh:
         json.dump(out, fh, indent=2)
@@ -171,12 +175,16 @@ def write_tables(out: dict, path: str) -> None:
               "| biLM | input to the tagger | dev | test | mix weights (layer 0, 1, 2) | command |",
               "| --- | --- | --- | --- | --- | --- |"]
     names = {"mix": "ELMo scalar mix", "layer0": "layer 0 only", "top": "top layer only",
-             "random": "random word embeddings (no ELMo)"}
+             "random": "random word embeddings (no ELMo)",
+             "random+mix": "random word embeddings + ELMo scalar mix"}
     for r in out["tagging"]:
         model = "—" if r["mode"] == "random" else r["model"]
         weights = ", ".join(f"{x:.2f}" for x in r.get("mix_weights", [])) or ""
         lines.append(f"| {model} | {names[r['mode']]} | {r['dev_accuracy']:.4f} | "
                      f"{r['test_accuracy']:.4f} | {weights} | `{r['command']}` |")
+    b = out["most_frequent_tag"]
+    lines.append(f"| — | no model: each word's most frequent training tag (NOUN if unseen; "
+                 f"{b['unseen_word_rate']:.1%} of test words are) | | {b['test_accuracy']:.4f} | | |")
     lines += ["", "**Word-sense probe** (WordNet usage examples, leave-one-out 1-nearest "
               "neighbour per layer):", "",
               "| biLM | lemmas | scored examples | first sense | layer 0 | layer 1 | layer 2 | command |",
@@ -185,7 +193,8 @@ def write_tables(out: dict, path: str) -> None:
         acc = " | ".join(f"{a:.4f}" for a in r["accuracy_by_layer"])
         lines.append(f"| {r['model']} | {r['lemmas']} | {r['scored_examples']} | "
                      f"{r['first_sense_accuracy']:.4f} | {acc} | `{r['command']}` |")
-    table = "\n".join(lines)
+    home = os.path.expanduser("~") + "/"  # shown as ~, outside quotes so that shells expand it
+    table = "\n".join(lines).replace("'" + home, "~/'").replace(home, "~/")
     begin, end = "<!-- results: begin -->", "<!-- results: end -->"
     text = open(path).read() if os.path.exists(path) else f"# Results\n\n{begin}\n{end}\n"
     text = re.sub(re.escape(begin) + ".*?" + re.escape(end), f"{begin}\n{table}\n{end}", text,

@@ -6,6 +6,8 @@ The tagger (a linear layer, or a small biLSTM with `hidden > 0`) reads one of:
     top     the top LSTM layer only
     random  randomly initialised, trained word embeddings of the same width
             (the baseline without ELMo)
+    random+mix  those word embeddings concatenated with the scalar mix: ELMo
+            added to the baseline's input, as the paper uses it
 The biLM is frozen by default: gradients reach only the mix and the tagger;
 `fine_tune=True` also trains the biLM (at `bilm_learning_rate`).
 
@@ -14,6 +16,7 @@ The biLM is frozen by default: gradients reach only the mix and the tagger;
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import os
@@ -32,7 +35,7 @@ from elmo_jax.embedding import embed, init_mix
 from elmo_jax.options import ElmoOptions
 from elmo_jax.weights import load_weights
 
-MODES = ("mix", "layer0", "top", "random")
+MODES = ("mix", "layer0", "top", "random", "random+mix")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +59,20 @@ def load_split(pos_dir: str, split: str) -> list[tuple[list[str], list[str]]]:
         raise FileNotFoundError(f"{path} is missing: run `python -m elmo_jax.datasets brown`")
     with open(path, encoding="utf-8") as fh:
         return [(r["tokens"], r["upos"]) for r in map(json.loads, fh)]
+
+
+def most_frequent_tag_accuracy(train, test, unknown: str = "NOUN") -> dict:
+    """The classic baseline: each word's most frequent training tag (`unknown`
+    for unseen words). Returns test accuracy and the unseen-word rate."""
+    counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for tokens, tags in train:
+        for w, t in zip(tokens, tags):
+            counts[w][t] += 1
+    best = {w: c.most_common(1)[0][0] for w, c in counts.items()}
+    pairs = [(w, t) for tokens, tags in test for w, t in zip(tokens, tags)]
+    right = sum(best.get(w, unknown) == t for w, t in pairs)
+    return {"test_accuracy": round(right / len(pairs), 4),
+            "unseen_word_rate": round(sum(w not in best for w, _ in pairs) / len(pairs), 4)}
 
 
 class Tagger(nn.Module):
@@ -103,13 +120,16 @@ def make_batches(data, tag_index, word_index, batch_size, max_chars=50):
 
 
 def _features(trainable, bilm, batch, options, mode, layer_count):
-    """The tagger's input [B, T, 2P] for one batch."""
-    if mode == "random":
-        return trainable["embed"][batch["word_ids"]]
-    if mode == "mix":
-        return embed(bilm, batch["char_ids"], options, mix=trainable["mix"]).mixed[0]
-    out = embed(bilm, batch["char_ids"], options)
-    return out.layers[0 if mode == "layer0" else layer_count - 1]
+    """The tagger's input [B, T, 2P] (random+mix: [B, T, 4P]) for one batch."""
+    if mode in ("layer0", "top"):
+        out = embed(bilm, batch["char_ids"], options)
+        return out.layers[0 if mode == "layer0" else layer_count - 1]
+    parts = []
+    if "random" in mode:
+        parts.append(trainable["embed"][batch["word_ids"]])
+    if "mix" in mode:
+        parts.append(embed(bilm, batch["char_ids"], options, mix=trainable["mix"]).mixed[0])
+    return jnp.concatenate(parts, axis=-1)
 
 
 def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
@@ -131,10 +151,12 @@ def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
     K, W = options.n_output_layers, options.output_dim
     tagger = Tagger(len(tags), config.hidden, config.dropout)
     key = jax.random.PRNGKey(config.seed)
-    trainable = {"tagger": tagger.init(key, jnp.zeros((1, 8, W)), jnp.ones((1, 8), bool))["params"]}
-    if config.mode == "mix":
+    width = 2 * W if config.mode == "random+mix" else W
+    trainable = {"tagger": tagger.init(key, jnp.zeros((1, 8, width)),
+                                       jnp.ones((1, 8), bool))["params"]}
+    if "mix" in config.mode:
         trainable["mix"] = init_mix(options)
-    if config.mode == "random":
+    if "random" in config.mode:
         trainable["embed"] = 0.1 * jax.random.normal(jax.random.fold_in(key, 1),
                                                      (len(words) + 2, W))
     bilm = jax.tree.map(jnp.asarray, bilm)
@@ -199,7 +221,7 @@ def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
               "test_accuracy": round(accuracy(best["params"], "test"), 4),
               "train_sentences": len(train), "test_tokens": sum(len(t) for t, _ in test),
               "n_tags": len(tags), "train_seconds": round(time.time() - t0, 1)}
-    if config.mode == "mix":
+    if "mix" in trainable:
         w = jax.nn.softmax(best["params"]["trainable"]["mix"]["weights"][0])
         result["mix_weights"] = [round(float(x), 3) for x in w]
         result["mix_gamma"] = round(float(best["params"]["trainable"]["mix"]["gamma"][0]), 3)
