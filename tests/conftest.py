@@ -6,6 +6,18 @@ import pytest
 
 # Tests run on the CPU with a fixed number of host threads; keep JAX quiet.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The end-to-end tests start many processes that compile the same programs:
+# one compilation cache for the whole session (subprocesses inherit it).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="elmo-jax-xla-cache-")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+
+    def pytest_sessionfinish(session, exitstatus):
+        import shutil
+
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures", "bilm-tf")

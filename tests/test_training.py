@@ -63,7 +63,7 @@ def test_tiny_learns_the_bilm_tf_fixture_corpus(tmp_path):
     """bilm-tf's own training test: its fixture corpus, perplexity measured on it."""
     data = os.path.join(FIXTURES, "train", "data.txt")
     vocab = os.path.join(FIXTURES, "train", "vocab.txt")
-    options, config = tiny(max_steps=120, log_every=40)
+    options, config = tiny(max_steps=100, log_every=50)
     last = training.train(options, config, data, vocab, str(tmp_path), eval_files=data,
                           progress=False)
     unigram = unigram_ppl(data, data, vocab)
@@ -73,7 +73,7 @@ def test_tiny_learns_the_bilm_tf_fixture_corpus(tmp_path):
 
 def test_tiny_beats_unigram_on_held_out_text(tmp_path):
     files = write_grammar_corpus(tmp_path / "data")
-    options, config = tiny(max_steps=120, log_every=40)
+    options, config = tiny(max_steps=100, log_every=50)
     last = training.train(options, config, files["train.txt"], files["vocab.txt"],
                           str(tmp_path / "run"), eval_files=files["heldout.txt"], progress=False)
     unigram = unigram_ppl(files["train.txt"], files["heldout.txt"], files["vocab.txt"])
