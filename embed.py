@@ -47,15 +47,14 @@ def main(argv=None):
     from elmo_jax.vocab import read_word_list
 
     if args.workdir:
-        from elmo_jax.training import _restore_latest
+        from elmo_jax.training import restore_latest
 
-        options, _, state = _restore_latest(args.workdir)
-        params = state.params["bilm"]
+        run = restore_latest(args.workdir)
+        options, params = run.config.model, run.state.params["bilm"]
     else:
-        from elmo_jax import ElmoOptions, load_weights
+        from elmo_jax.export import load_export
 
-        options = ElmoOptions.from_json(args.options)
-        params = load_weights(args.weights, options)
+        options, params, _ = load_export(args.weights, options=args.options)
     sentences = read_sentences(args.input, keep_empty=True)
     if args.tokenize:
         from elmo_jax.datasets.common import Tokenizer

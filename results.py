@@ -16,7 +16,6 @@ Each step prints the command line that repeats it on its own, and leaves its\nre
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import re
@@ -43,29 +42,30 @@ def cached(path, compute):
 
 def pretrain(name, train_glob, vocab_file, workdir, minutes, init_from=None):
     from elmo_jax import training
+    from elmo_jax.config import load_config
 
-    options, config = training.load_config(os.path.join(HERE, "configs", "tiny.json"))
-    config = dataclasses.replace(config, max_seconds=60 * minutes, log_every=100)
+    config = load_config(os.path.join(HERE, "configs", "tiny.json"), [
+        f"data.train_files={json.dumps(train_glob)}", f"data.vocab_file={json.dumps(vocab_file)}",
+        f"data.init_from={json.dumps(init_from)}", f"train.max_seconds={60 * minutes}",
+        "train.log_every=100"])
     cmd = (f"python train.py --config configs/tiny.json --train_files '{train_glob}' "
            f"--vocab_file {vocab_file} --workdir {workdir} --max_seconds {60 * minutes:g}"
            + (f" --init_from {init_from}" if init_from else ""))
     say(f"{name}: {cmd}")
     t0 = time.time()
-    last = training.train(options, config, train_glob, vocab_file, workdir, init_from=init_from)
+    last = training.train_and_evaluate(config, workdir)
     seconds = time.time() - t0
     training.export(workdir, os.path.join(workdir, "export"))
     steps = last["step"]
     return {"name": name, "command": cmd, "steps": steps,
-            "tokens_seen": steps * options.batch_size * options.unroll_steps,
+            "tokens_seen": steps * config.model.batch_size * config.model.unroll_steps,
             "train_seconds": round(seconds), "export": os.path.join(workdir, "export")}
 
 
 def write_vocab(files, out, max_vocab=20000):
-    from elmo_jax.data import list_shards, read_sentences
-    from elmo_jax.vocab import build_vocab, count_tokens
+    from elmo_jax.data import vocab_from_files
 
-    counts = count_tokens(s for f in list_shards(files) for s in read_sentences(f))
-    build_vocab(counts, max_vocab=max_vocab).to_file(out)
+    vocab_from_files(files, max_vocab=max_vocab)[0].to_file(out)
     return out
 
 
@@ -81,7 +81,8 @@ def main():
     ap.add_argument("--cache_dir")
     args = ap.parse_args()
 
-    from elmo_jax import ElmoOptions, datasets, load_weights, training
+    from elmo_jax import datasets, training
+    from elmo_jax.export import load_export
     from elmo_jax.embedding import Elmo
     from elmo_jax.tasks import pos, wsd
 
@@ -97,7 +98,7 @@ def main():
     models["sotu+brown"] = cached(os.path.join(w, "model-sotu+brown.json"), lambda: pretrain(
         "fine-tune on Brown's training text", rec["brown"]["train_files"], brown_vocab,
         os.path.join(w, "sotu+brown"), args.finetune_minutes,
-        init_from=os.path.join(models["sotu"]["export"], "weights.hdf5")))
+        init_from=models["sotu"]["export"]))
     for name, m in models.items():
         run = os.path.join(w, name)
         say(f"perplexity of {name} on the Brown test files: python train.py eval --workdir {run} "
@@ -118,8 +119,7 @@ def main():
         say(cmd)
 
         def tag():
-            options = ElmoOptions.from_json(os.path.join(export, "options.json"))
-            bilm = load_weights(os.path.join(export, "weights.hdf5"), options)
+            options, bilm, _ = load_export(export)
             config = pos.TaggerConfig(mode=mode, epochs=args.tagger_epochs,
                                       max_train_sentences=args.max_train_sentences)
             return {**pos.train_and_evaluate(bilm, options, *splits, config, progress=True),
@@ -139,8 +139,7 @@ def main():
         say(cmd)
 
         def run_probe(m=m, name=name, cmd=cmd):
-            elmo = Elmo.from_files(os.path.join(m["export"], "options.json"),
-                                   os.path.join(m["export"], "weights.hdf5"))
+            elmo = Elmo.from_export(m["export"])
             return {"model": name, "command": cmd,
                     **wsd.probe(elmo, wsd.load_examples(rec["wordnet"]["examples_file"]))}
 

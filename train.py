@@ -2,41 +2,57 @@
 
   python train.py --config configs/tiny.json --train_files 'data/*.txt' \\
       --vocab_file vocab.txt --workdir runs/tiny [--eval_files GLOB] [--max_steps N] \\
-      [--init_from WEIGHTS_HDF5_OR_WORKDIR]
+      [--init_from WEIGHTS_HDF5_OR_EXPORT_OR_WORKDIR] [--set train.learning_rate=0.1 ...]
   python train.py export --workdir runs/tiny --out runs/tiny/export
   python train.py eval   --workdir runs/tiny --eval_files 'heldout/*.txt'
   python train.py vocab  --train_files 'data/*.txt' --out vocab.txt [--max_vocab N] [--min_count N]
 
-Rerunning the same training command resumes from the latest checkpoint in
---workdir. SIGTERM or Ctrl-C saves a checkpoint and stops.
+A run is one config file (model, train, data; see elmo_jax/config.py); `--set
+PATH=VALUE` overrides any field, and the flags below are shorthands for the
+common ones. The workdir keeps the resolved config (config.json). Rerunning the
+same training command resumes from the latest checkpoint in --workdir. SIGTERM
+or Ctrl-C saves a checkpoint and stops.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
+
+# flag -> config path: the flags users already type, as shorthands for --set
+SHORTHANDS = {
+    "train_files": ("data.train_files", "glob of sentence-per-line text files"),
+    "vocab_file": ("data.vocab_file", "bilm-tf vocabulary (see `train.py vocab`)"),
+    "eval_files": ("data.eval_files", "glob of held-out files for perplexity"),
+    "init_from": ("data.init_from", "fine-tune: a weights.hdf5 (options.json beside it), "
+                                    "an export folder or a training workdir"),
+    "source": ("data.source", "text (the default: --train_files) or lm1b (TensorFlow "
+                              "Datasets' One Billion Word Benchmark)"),
+    "max_steps": ("train.max_steps", "stop after this many steps"),
+    "max_seconds": ("train.max_seconds", "stop (and checkpoint) after this long"),
+    "seed": ("train.seed", None),
+    "eval_every": ("train.eval_every", None),
+    "checkpoint_every": ("train.checkpoint_every", None),
+    "log_every": ("train.log_every", None),
+    "batch_size": ("model.batch_size", "override the model options' batch_size"),
+}
+TYPES = {"max_steps": int, "max_seconds": float, "seed": int, "eval_every": int,
+         "checkpoint_every": int, "log_every": int, "batch_size": int}
 
 
 def _train(argv):
     ap = argparse.ArgumentParser(prog="train.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="configs/NAME.json")
-    ap.add_argument("--train_files", help="glob of sentence-per-line text files (not with --source lm1b)")
-    ap.add_argument("--vocab_file", required=True, help="bilm-tf vocabulary (see `train.py vocab`)")
-    ap.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, run.json")
-    ap.add_argument("--eval_files", help="glob of held-out files for perplexity")
-    ap.add_argument("--max_steps", type=int)
-    ap.add_argument("--max_seconds", type=float, help="stop (and checkpoint) after this long")
-    ap.add_argument("--init_from", help="fine-tune: a weights.hdf5 (options.json beside it) "
-                                        "or a training workdir")
-    ap.add_argument("--batch_size", type=int, help="override the config's batch_size")
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--eval_every", type=int)
-    ap.add_argument("--checkpoint_every", type=int)
-    ap.add_argument("--log_every", type=int)
-    ap.add_argument("--source", choices=["text", "lm1b"], default="text",
-                    help="lm1b: TensorFlow Datasets' One Billion Word Benchmark")
+    ap.add_argument("--config", required=True,
+                    help="configs/NAME.json (or a bilm-tf options.json on its own)")
+    ap.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, config.json")
+    for flag, (path, help_) in SHORTHANDS.items():
+        ap.add_argument(f"--{flag}", type=TYPES.get(flag, str),
+                        choices=["text", "lm1b"] if flag == "source" else None,
+                        help=f"{help_ + ' ' if help_ else ''}(= --set {path}=...)")
+    ap.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                    help="override any config field, e.g. train.learning_rate=0.1 or "
+                         "model.lstm.dim=512 (repeatable)")
     ap.add_argument("--distributed", action="store_true",
                     help="multi-host: call jax.distributed.initialize() (reads the cluster "
                          "from the environment, or --coordinator_address etc.)")
@@ -50,35 +66,25 @@ def _train(argv):
 
     if args.distributed or args.coordinator_address:
         jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-    from elmo_jax import data, training
+    from elmo_jax.config import load_config
+    from elmo_jax.training import train_and_evaluate
 
-    options, config = training.load_config(args.config)
-    overrides = {k: getattr(args, k) for k in ("max_steps", "max_seconds", "seed", "eval_every",
-                                               "checkpoint_every", "log_every")
-                 if getattr(args, k) is not None}
-    config = dataclasses.replace(config, **overrides)
-    if args.batch_size:
-        options = options.replace(batch_size=args.batch_size)
-    source = None
-    if args.source == "text" and not args.train_files:
-        ap.error("--train_files is required (or --source lm1b)")
-    if args.source == "lm1b":
-        source = data.lm1b_source("train", seed=config.seed, process_index=jax.process_index(),
-                                  process_count=jax.process_count())
-    last = training.train(options, config, args.train_files, args.vocab_file, args.workdir,
-                          eval_files=args.eval_files, init_from=args.init_from,
-                          progress=not args.no_progress, source=source)
+    overrides = [f"{path}={json.dumps(getattr(args, flag))}"
+                 for flag, (path, _) in SHORTHANDS.items() if getattr(args, flag) is not None]
+    config = load_config(args.config, args.set + overrides)
+    last = train_and_evaluate(config, args.workdir, progress=not args.no_progress)
     print(json.dumps(last))
 
 
 def _export(argv):
     ap = argparse.ArgumentParser(prog="train.py export")
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--out", required=True, help="directory for options.json + weights.hdf5")
+    ap.add_argument("--out", required=True,
+                    help="directory for options.json + weights.hdf5 + vocab.txt")
     args = ap.parse_args(argv)
-    from elmo_jax import training
+    from elmo_jax.training import export
 
-    print(json.dumps(training.export(args.workdir, args.out)))
+    print(json.dumps(export(args.workdir, args.out)))
 
 
 def _eval(argv):
@@ -86,9 +92,9 @@ def _eval(argv):
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--eval_files", required=True)
     args = ap.parse_args(argv)
-    from elmo_jax import training
+    from elmo_jax.training import evaluate_workdir
 
-    print(json.dumps(training.evaluate_workdir(args.workdir, args.eval_files)))
+    print(json.dumps(evaluate_workdir(args.workdir, args.eval_files)))
 
 
 def _vocab(argv):
@@ -98,15 +104,11 @@ def _vocab(argv):
     ap.add_argument("--max_vocab", type=int, help="entries in all, the 3 specials included")
     ap.add_argument("--min_count", type=int, default=1)
     args = ap.parse_args(argv)
-    from elmo_jax import data, vocab
+    from elmo_jax import data
 
-    counts = vocab.count_tokens(s for p in data.list_shards(args.train_files)
-                                for s in data.read_sentences(p))
-    v = vocab.build_vocab(counts, args.max_vocab, args.min_count)
+    v, stats = data.vocab_from_files(args.train_files, args.max_vocab, args.min_count)
     v.to_file(args.out)
-    covered = sum(counts[w] for w in v.words[3:])
-    print(json.dumps({"out": args.out, "size": len(v), "tokens": sum(counts.values()),
-                      "coverage": round(covered / max(1, sum(counts.values())), 4)}))
+    print(json.dumps({"out": args.out, **stats}))
 
 
 def main(argv=None):

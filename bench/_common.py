@@ -26,6 +26,19 @@ PEERS_HOME = os.environ.get("ELMO_PEERS_HOME") or os.path.join(
     "elmo-peers")
 
 
+def load_config(name: str):
+    """configs/NAME.json (or a path): the one definition of a benchmarked model."""
+    sys.path.insert(0, REPO)
+    from elmo_jax.config import load_config as load
+
+    path = name if name.endswith(".json") else os.path.join(REPO, "configs", f"{name}.json")
+    return load(path)
+
+
+def config_names() -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(os.path.join(REPO, "configs")) if f.endswith(".json"))
+
+
 def peer_dir(name: str) -> str:
     path = os.path.join(PEERS, name)
     if not os.path.isdir(path):
@@ -130,3 +143,15 @@ def print_runs(runs: dict, rss, first, first_label: str) -> dict:
         summary.update({f"{key}_tokens_per_s": med, f"{key}_tokens_per_s_all": tps,
                         f"{key}_peak_rss_mib": mem, f"{key}_first_s": start})
     return summary
+
+
+def finish(summary: dict, runs: dict, peer: str, json_out: str | None) -> int:
+    """Add the ratio to the peer and the runs, write and print the summary."""
+    key = peer.replace("-", "_")
+    if runs[peer]:
+        summary[f"ratio_vs_{key}"] = round(summary["elmo_jax_tokens_per_s"]
+                                           / summary[f"{key}_tokens_per_s"], 2)
+    summary["runs"] = runs
+    write_json(json_out, summary)
+    print(json.dumps(summary))
+    return 0

@@ -1,9 +1,11 @@
 """Embedding speed, side by side: elmo-jax `embed` against AllenNLP's ELMo.
 
-    python bench/embed.py --config small [--repeats 3]
+    python bench/embed.py --config allennlp-small [--repeats 3]
+    python bench/embed.py --config original --repeats 3
 
-Same weights (random, in the original hdf5 layout, made by the AllenNLP peer's
-make_weights.py), same 30 real sentences (744 tokens, the bilm-tf fixture set),
+`--config` names a file in configs/ (allennlp-tiny and allennlp-small are the
+AllenNLP harness's presets). Same weights (random, in the original hdf5 layout,
+made for that config by the AllenNLP peer's make_weights.py), same 30 real sentences (744 tokens, the bilm-tf fixture set),
 batch 32, same timer (the peer's time_reps: 1 warm-up, then 5 timed passes; the
 first call, which compiles, is reported separately). The two run alternately
 in separate processes, each after waiting for a quiet machine, `--repeats`
@@ -30,22 +32,29 @@ def allennlp_paths():
 
 
 def weights_for(config: str) -> tuple[str, str]:
-    """The peer's random-weight files for a preset, made once."""
+    """(options.json, lm_weights.hdf5): random weights for the config's model,
+    made once by the peer's make_weights.py (which AllenNLP then loads)."""
+    import subprocess
+
     peer, py, venv = allennlp_paths()
     _common.ensure_setup("allennlp", venv)
-    d = os.environ.get("ELMO_PEER_WEIGHTS_DIR") or os.path.join(_common.PEERS_HOME, "elmo_weights")
-    options, weights = os.path.join(d, config, "options.json"), os.path.join(d, config,
-                                                                            "lm_weights.hdf5")
-    if not os.path.exists(weights):
-        import subprocess
-        subprocess.run([py, os.path.join(peer, "make_weights.py"), "--preset", config], check=True)
-    return options, weights
+    d = os.path.join(os.environ.get("ELMO_PEER_WEIGHTS_DIR")
+                     or os.path.join(_common.PEERS_HOME, "elmo_weights"), "by-config", config)
+    os.makedirs(d, exist_ok=True)
+    wanted = os.path.join(d, "wanted_options.json")
+    _common.load_config(config).model.for_inference().to_json(wanted)
+    # custom weights land in d/custom/; make_weights skips the work when they are there
+    subprocess.run([py, os.path.join(peer, "make_weights.py"), "--preset", "custom",
+                    "--options", wanted, "--out-dir", d, "--seed", "0", "--no-verify"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return os.path.join(d, "custom", "options.json"), os.path.join(d, "custom", "lm_weights.hdf5")
 
 
 def run_allennlp(config: str) -> dict:
     peer, py, _ = allennlp_paths()
-    return _common.run_child([py, os.path.join(peer, "bench_embed.py"), "--preset", config,
-                              "--wait-quiet", "120", "--retries", "2"])
+    options, weights = weights_for(config)
+    return _common.run_child([py, os.path.join(peer, "bench_embed.py"), "--options", options,
+                              "--weights", weights, "--wait-quiet", "120", "--retries", "2"])
 
 
 def run_elmo_jax(config: str, dtype: str) -> dict:
@@ -115,7 +124,8 @@ def worker(config: str, dtype: str) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", choices=["tiny", "small", "original"], default="small")
+    ap.add_argument("--config", default="allennlp-small", help="a configs/ name: allennlp-tiny, "
+                    "allennlp-small (the peer's presets), original, ...")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs of each")
     ap.add_argument("--dtype", default="float32", help="elmo-jax matmul dtype")
     ap.add_argument("--skip-peer", action="store_true", help="time elmo-jax only")
@@ -147,13 +157,7 @@ def main(argv=None):
                                                             for r in ours)
     print(f"elmo-jax achieves {summary['elmo_jax_gflops_per_s']} GFLOP/s of useful work; "
           f"an f32 matmul peaks at {summary['matmul_peak_gflops_per_s']} GFLOP/s here")
-    if runs["allennlp"]:
-        summary["ratio_vs_allennlp"] = round(summary["elmo_jax_tokens_per_s"]
-                                             / summary["allennlp_tokens_per_s"], 2)
-    summary["runs"] = runs
-    _common.write_json(args.json_out, summary)
-    print(json.dumps(summary))
-    return 0
+    return _common.finish(summary, runs, "allennlp", args.json_out)
 
 
 if __name__ == "__main__":

@@ -52,23 +52,18 @@ def peak_memory_gib() -> float | None:
     return round(peak / 2**30, 2) if peak else None
 
 
-def bench_train(options, batch, dtype, seconds, vocab_size):
-    import jax
+def bench_train(config, batch, dtype, seconds, vocab_size):
+    import dataclasses
+
     import numpy as np
 
     from elmo_jax import training
 
-    options = options.replace(batch_size=batch, n_tokens_vocab=vocab_size)
-    config = training.TrainConfig(compute_dtype=dtype)
-    mesh = training.make_mesh(config)
-    _, shardings = training._abstract_state(options, config, vocab_size, batch, mesh)
-    state = jax.jit(lambda: training.init_train_state(options, config, vocab_size, batch),
-                    out_shardings=shardings)()
-    tx = training.make_optimizer(options, config)
-    bsh = training.batch_shardings(mesh)
-    step = jax.jit(lambda s, b: training.train_step(s, b, options=options, config=config, tx=tx),
-                   in_shardings=(shardings, bsh), out_shardings=(shardings, None),
-                   donate_argnums=0)
+    options = config.model.replace(batch_size=batch, n_tokens_vocab=vocab_size)
+    train = dataclasses.replace(config.train, compute_dtype=dtype)
+    mesh = training.make_mesh(train.mesh_model)
+    built = training.create_train_step(options, train, vocab_size, mesh)  # train.py's step
+    state, step = built.init(None, None), built.step
     rng = np.random.default_rng(0)
     U, C = options.unroll_steps, options.char_cnn.max_characters_per_token
     n_groups = mesh.shape["data"]
@@ -79,7 +74,7 @@ def bench_train(options, batch, dtype, seconds, vocab_size):
              "token_index": rng.integers(1, n_table, (2, batch, U)).astype(np.int32),
              "targets": np.minimum(rng.zipf(1.3, (2, batch, U)), vocab_size - 1).astype(np.int32),
              "mask": np.ones((batch, U), bool)}
-    data = training.global_batch(local, bsh)
+    data = training.global_batch(local, mesh)
     holder = {"state": state}
 
     def one():
@@ -140,9 +135,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import jax
 
-    from elmo_jax import init_params, training
+    from elmo_jax import init_params
 
-    options, _ = training.load_config(os.path.join(_common.REPO, "configs", f"{args.config}.json"))
+    config = _common.load_config(args.config)
+    options = config.model
     print(f"devices: {jax.devices()}", flush=True)
     results = []
     params = init_params(options, jax.random.PRNGKey(0))
@@ -152,7 +148,7 @@ def main(argv=None):
             print(json.dumps(r), flush=True)
             results.append(r)
         if args.only != "embed":
-            r = bench_train(options, args.train_batch, dtype, args.seconds, args.vocab_size)
+            r = bench_train(config, args.train_batch, dtype, args.seconds, args.vocab_size)
             print(json.dumps(r), flush=True)
             results.append(r)
     print(json.dumps({"benchmark": "gpu", "device": str(jax.devices()[0]),

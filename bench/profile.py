@@ -2,10 +2,11 @@
 separately (best of a few runs, after compilation), and XLA's matmul speed on
 the shapes that matter next to numpy's BLAS on the same machine.
 
-    python bench/profile.py --config small            # the train-bench preset
-    python bench/profile.py --config original --embed  # also the embed breakdown
+    python bench/profile.py --config bilm-tf-small
+    python bench/profile.py --config original --embed original
 
-Uses the same presets and data as bench/train.py and bench/embed.py.
+`--config` (a configs/ name) is profiled as bench/train.py trains it, on the
+same data; `--embed NAME` adds embed's breakdown as bench/embed.py runs it.
 """
 from __future__ import annotations
 
@@ -58,53 +59,49 @@ def _wall(f):
     return time.perf_counter() - t0
 
 
-def train_breakdown(config: str) -> dict:
+def train_breakdown(name: str) -> dict:
     import jax
     import jax.numpy as jnp
 
     import train as bench_train
-    from elmo_jax import training
-    from elmo_jax.data import Batcher, TextSource
     from elmo_jax.model import BiLM
     from elmo_jax.softmax import sampled_softmax
-    from elmo_jax.vocab import Vocabulary, read_word_list
+    from elmo_jax.training.steps import make_optimizer
 
-    p = bench_train.PRESETS[config]
-    B = p["batch_size"]
-    options = bench_train.preset_options(config)
-    cfg = training.TrainConfig()
-    corpus, vocab_full = bench_train.data_paths()
-    words = read_word_list(vocab_full)[:bench_train.VOCAB_SIZE]
-    vocab = Vocabulary(words)
-    options = options.replace(n_tokens_vocab=len(vocab))
-    state = training.init_train_state(options, cfg, len(vocab), B)
-    batch = {k: jnp.asarray(v) for k, v in
-             next(Batcher(TextSource(corpus), vocab, B, options.unroll_steps)).items()}
+    config, vocab, built, state, batcher, mesh = bench_train.setup(name)
+    options = config.model
+    B, U, P = options.batch_size, options.unroll_steps, options.lstm.projection_dim
+    batch = {k: jnp.asarray(v) for k, v in next(batcher).items()}
     model = BiLM(options)
     bilm = state.params["bilm"]
-    P = options.lstm.projection_dim
-    x = 0.1 * jnp.ones((2, B, options.unroll_steps, P))
-    mask = jnp.ones((B, options.unroll_steps), bool)
+    x = 0.1 * jnp.ones((2, B, U, P))
+    mask = jnp.ones((B, U), bool)
     rng = jax.random.PRNGKey(0)
-    h = jax.random.normal(rng, (2 * B * options.unroll_steps, P))
-    tx = training.make_optimizer(options, cfg)
+    h = jax.random.normal(rng, (2 * B * U, P))
+    tx = make_optimizer(options, config.train)
     grads = jax.tree.map(jnp.ones_like, state.params)
 
     def tokens(p):
-        return model.apply({"params": p}, batch["token_chars"], method=BiLM.tokens).sum()
+        return model.apply({"params": p}, batch["token_chars"], method=BiLM.encode_tokens).sum()
 
     def lstms(p):
-        return model.apply({"params": p}, x, mask, state.lstm_state, method=BiLM.lstms)[0].sum()
+        return model.apply({"params": p}, x, mask, state.lstm_state)[0].sum()
 
     def softmax(w, b):
         return sampled_softmax(rng, w, b, h, batch["targets"].reshape(-1),
                                options.n_negative_samples_batch).mean()
 
-    step = jax.jit(lambda s, b: training.train_step(s, b, options=options, config=cfg, tx=tx))
+    holder = {"state": built.init(None, None)}  # the step donates its state: thread it
+
+    def one_step():
+        holder["state"], metrics = built.step(holder["state"], batch)
+        return metrics
+
+    full_step_ms = best_ms(one_step)
     return {
         "distinct_tokens_encoded": int(batch["token_chars"].shape[1]),
-        "positions_per_step": 2 * B * options.unroll_steps,
-        "full_step_ms": best_ms(step, state, batch),
+        "positions_per_step": 2 * B * U,
+        "full_step_ms": full_step_ms,
         "token_encoder_forward_ms": best_ms(jax.jit(tokens), bilm),
         "token_encoder_forward_backward_ms": best_ms(jax.jit(jax.grad(tokens)), bilm),
         "lstms_forward_ms": best_ms(jax.jit(lstms), bilm),
@@ -158,29 +155,22 @@ def embed_breakdown(config: str) -> dict:
     }
 
 
-def bench_embed_options(config: str) -> str:
-    import embed as bench_embed
-
-    return bench_embed.weights_for(config)[0]
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", choices=["small", "original"], default="small")
-    ap.add_argument("--embed", action="store_true", help="also the embed breakdown")
+    ap.add_argument("--config", default="bilm-tf-small", help="a configs/ name to train")
+    ap.add_argument("--embed", metavar="CONFIG", help="also embed's breakdown for this config")
     args = ap.parse_args(argv)
     out = {"config": args.config, **_common.machine(),
-           "train (bench/train.py preset)": train_breakdown(args.config)}
+           "train (bench/train.py)": train_breakdown(args.config)}
     if args.embed:
-        out["embed (bench/embed.py weights)"] = embed_breakdown(args.config)
-    D = 512 if args.config == "small" else 4096
-    P = 128 if args.config == "small" else 512
-    B = 32 if args.config == "small" else 128
-    shapes = [(B, P, 4 * D), (B * 20, P, 4 * D), (B, D, P)]  # recurrent, input, projection
-    if args.embed:  # the embed preset's recurrent matmul at batch 32
-        o = json.load(open(bench_embed_options(args.config)))["lstm"]
-        shapes.append((32, o["projection_dim"], 4 * o["dim"]))
+        out[f"embed {args.embed} (bench/embed.py)"] = embed_breakdown(args.embed)
+    o = _common.load_config(args.config).model
+    D, P, B, U = o.lstm.dim, o.lstm.projection_dim, o.batch_size, o.unroll_steps
+    shapes = [(B, P, 4 * D), (B * U, P, 4 * D), (B, D, P)]  # recurrent, input, projection
+    if args.embed:  # the embedded model's recurrent matmul at batch 32
+        e = _common.load_config(args.embed).model.lstm
+        shapes.append((32, e.projection_dim, 4 * e.dim))
     out["matmul"] = matmuls(sorted(set(shapes)))
     print(json.dumps(out, indent=1))
 

@@ -11,6 +11,7 @@ or, inside your own jitted code:
 from elmo_jax.chars import batch_to_char_ids
 from elmo_jax.embedding import (Elmo, EmbedOutput, embed, embed_token_vectors, encode_tokens,
                                 init_mix, scalar_mix)
+from elmo_jax.export import load_export, save_export
 from elmo_jax.model import LSTMState, init_params, init_state
 from elmo_jax.options import ElmoOptions, OptionsError
 from elmo_jax.weights import WeightsError, load_weights, save_weights
@@ -18,6 +19,6 @@ from elmo_jax.weights import WeightsError, load_weights, save_weights
 __all__ = [
     "ElmoOptions", "OptionsError", "batch_to_char_ids", "load_weights", "save_weights",
     "WeightsError", "embed", "embed_token_vectors", "encode_tokens", "EmbedOutput", "init_state", "init_mix", "scalar_mix",
-    "init_params", "LSTMState", "Elmo",
+    "init_params", "LSTMState", "Elmo", "load_export", "save_export",
 ]
 __version__ = "0.1.0"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
+from elmo_jax.config import ConfigError
 from elmo_jax.data import DataError
 from elmo_jax.options import OptionsError
 from elmo_jax.vocab import VocabError
@@ -16,7 +17,7 @@ def run_cli(main) -> None:
 
     try:
         sys.exit(main())
-    except (DataError, OptionsError, VocabError, WeightsError, TrainingError,
+    except (ConfigError, DataError, OptionsError, VocabError, WeightsError, TrainingError,
             FileNotFoundError, UnicodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

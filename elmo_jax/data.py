@@ -33,7 +33,7 @@ from typing import Iterator
 import numpy as np
 
 from elmo_jax.chars import MAX_CHARS, token_to_char_ids
-from elmo_jax.vocab import BOS, EOS, Vocabulary
+from elmo_jax.vocab import BOS, EOS, Vocabulary, build_vocab, count_tokens
 
 
 class DataError(ValueError):
@@ -61,6 +61,17 @@ def read_sentences(path: str, keep_empty: bool = False) -> list[list[str]]:
                         f"offset {e.start}); convert the file to UTF-8") from None
     sentences = [line.split() for line in text.splitlines()]
     return sentences if keep_empty else [s for s in sentences if s]
+
+
+def vocab_from_files(pattern: str, max_vocab: int | None = None, min_count: int = 1
+                     ) -> tuple[Vocabulary, dict]:
+    """A bilm-tf vocabulary of the files matching `pattern`, and its size,
+    the corpus' token count and the share of tokens it covers."""
+    counts = count_tokens(s for p in list_shards(pattern) for s in read_sentences(p))
+    v = build_vocab(counts, max_vocab, min_count)
+    total = sum(counts.values())
+    covered = sum(counts[w] for w in v.words[3:])
+    return v, {"size": len(v), "tokens": total, "coverage": round(covered / max(1, total), 4)}
 
 
 class TextSource:
@@ -196,24 +207,6 @@ class CharIdCache:
                 self._cache.clear()
             ids = self._cache[token] = token_to_char_ids(token, self.max_chars)
         return ids
-
-
-def window_char_ids(batch: dict) -> np.ndarray:
-    """[2, B, U, C] char ids of a batch's readings, from its token tables."""
-    chars, index = np.asarray(batch["token_chars"]), np.asarray(batch["token_index"])
-    S, B = chars.shape[0], index.shape[1]
-    group = np.arange(B) // (B // S)
-    return chars[group[None, :, None], index]
-
-
-def pad_tables(batch: dict, n: int) -> dict:
-    """Pad the token tables to n rows (processes must agree on the shape)."""
-    chars = batch["token_chars"]
-    if chars.shape[1] == n:
-        return batch
-    padded = np.zeros(chars.shape[:1] + (n,) + chars.shape[2:], chars.dtype)
-    padded[:, :chars.shape[1]] = chars
-    return {**batch, "token_chars": padded}
 
 
 class Batcher:

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax import chars
-from elmo_jax.model import (BiLM, LSTMState, init_state, packed_segments, reverse_padded,
-                            token_mask)
+from elmo_jax.files import atomic_path
+from elmo_jax.model import BiLM, LSTMState, init_state, packed_segments, token_mask
 from elmo_jax.options import ElmoOptions
 from elmo_jax.weights import load_weights
 
@@ -75,7 +75,7 @@ _STATIC = ("options", "mix_layer_norm", "unroll", "dtype", "segments")
 def encode_tokens(params: dict, char_ids: jax.Array, options: ElmoOptions) -> jax.Array:
     """[..., C] char ids -> [..., P] context-independent token vectors (the
     char CNN, highway layers and projection: half of layer 0)."""
-    return BiLM(options).apply({"params": params}, char_ids, method=BiLM.tokens)
+    return BiLM(options).apply({"params": params}, char_ids, method=BiLM.encode_tokens)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
@@ -131,25 +131,8 @@ def embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array, option
         raise ValueError(f"state has {state.h.shape[2]} rows but the batch has {B}; "
                          "slice or pad the state to the batch")
     model = BiLM(options, unroll=unroll, dtype=dtype, segments=segments)
-    variables = {"params": params}
-    C = options.char_cnn.max_characters_per_token
-    bos, eos = encode_tokens(params, jnp.stack([jnp.asarray(chars.bos_char_ids(C)),
-                                                jnp.asarray(chars.eos_char_ids(C))]), options)
-
-    lengths = jnp.sum(mask, axis=1)
-    full_lengths = lengths + 2
-    t = jnp.arange(T + 2)[None, :, None]
-    edge = jnp.zeros((B, 1, tokens.shape[-1]), tokens.dtype)
-    x = jnp.concatenate([edge, tokens * mask[..., None], edge], axis=1)
-    x = jnp.where(t == 0, bos, jnp.where(t == (lengths + 1)[:, None, None], eos, x))
-    full_mask = t[..., 0] < full_lengths[:, None]                 # [B, T+2]
-
-    x2 = jnp.stack([x, reverse_padded(x, full_lengths)])         # [2, B, T+2, P]
-    outs, new_state = model.apply(variables, x2, full_mask, state, method=BiLM.lstms)
-    fwd = outs[:, 0]
-    bwd = jax.vmap(reverse_padded, in_axes=(0, None))(outs[:, 1], full_lengths)
-    full = jnp.concatenate([jnp.concatenate([x, x], -1)[None],
-                            jnp.concatenate([fwd, bwd], -1)], axis=0)  # [L+1, B, T+2, 2P]
+    full, full_mask, new_state = model.apply({"params": params}, tokens, mask, state,
+                                             method=BiLM.sentences)
 
     def strip(a):  # drop <S> and </S>; zero padded tokens
         return a[..., 1:T + 1, :] * mask[..., None]
@@ -204,6 +187,15 @@ class Elmo:
                    **kwargs) -> "Elmo":
         options = ElmoOptions.from_json(options_json)
         return cls(load_weights(weights_hdf5, options), options, **kwargs)
+
+    @classmethod
+    def from_export(cls, path: str | os.PathLike, **kwargs) -> "Elmo":
+        """From an export folder (`train.py export`), or a weights file with its
+        options.json beside it."""
+        from elmo_jax.export import load_export
+
+        options, params, _ = load_export(path)
+        return cls(params, options, **kwargs)
 
     def reset_state(self) -> None:
         self.state = None
@@ -320,8 +312,6 @@ def dump_embeddings(elmo: Elmo, sentences: Sequence[Sequence[str]], path: str | 
     [n_i, 2P]; with `mix_weights` (raw scalars, softmax-normalised as in the
     scalar mix), gamma * the weighted sum [n_i, 2P]. The file appears whole or
     not at all. Returns the number of sentences."""
-    import tempfile
-
     import h5py
     from tqdm import tqdm
 
@@ -333,23 +323,15 @@ def dump_embeddings(elmo: Elmo, sentences: Sequence[Sequence[str]], path: str | 
             raise ValueError(f"the mix needs {K} weights (one per layer), got {len(mix_weights)}")
         w = np.exp(np.asarray(mix_weights, np.float64) - np.max(mix_weights))
         w = (gamma * w / w.sum()).astype(np.float32)
-    path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(suffix=".hdf5.tmp", dir=os.path.dirname(os.path.abspath(path)))
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as fh, tqdm(total=len(sentences), disable=not progress,
-                                             unit="sent") as bar:
-            for start in range(0, len(sentences), chunk):
-                part = sentences[start:start + chunk]
-                for i, arr in enumerate(elmo.embed_sentences(part, batch_size=batch_size)):
-                    if layer is not None:
-                        arr = arr[layer]
-                    elif mix_weights is not None:
-                        arr = np.einsum("k,knd->nd", w, arr)
-                    fh.create_dataset(str(start + i), data=arr.astype(np.float32))
-                bar.update(len(part))
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as fh, \
+            tqdm(total=len(sentences), disable=not progress, unit="sent") as bar:
+        for start in range(0, len(sentences), chunk):
+            part = sentences[start:start + chunk]
+            for i, arr in enumerate(elmo.embed_sentences(part, batch_size=batch_size)):
+                if layer is not None:
+                    arr = arr[layer]
+                elif mix_weights is not None:
+                    arr = np.einsum("k,knd->nd", w, arr)
+                fh.create_dataset(str(start + i), data=arr.astype(np.float32))
+            bar.update(len(part))
     return len(sentences)

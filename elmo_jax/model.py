@@ -3,10 +3,17 @@
 Shapes: B batch rows, T positions, C characters per token, E char-embedding
 width, F = sum of filter counts, P projection width, D LSTM cells, L layers.
 
+`BiLM.__call__` is the one forward of both directions, which training and
+`embed` both call: it takes the two *readings* of the input (forward, and
+backward already reversed, each read left to right) and returns every layer of
+both directions and the new state. Who makes the readings: bilm-tf's training
+streams come from `data.Batcher` (a backward reading there is the reversed
+sentence stream, cut in windows, which no device-side flip of a window can
+produce); whole sentences (`embed`) go through `BiLM.sentences`, the one place
+that adds `<S>`/`</S>` and reverses rows on the device.
+
 The two directions run in one `lax.scan` over stacked weights (leading axis 2:
-forward, backward); each direction reads its own sequence left to right, so the
-caller hands the backward direction its input already reversed (per row, see
-`reverse_padded`). The input-to-gates matmul for all positions happens outside
+forward, backward). The input-to-gates matmul for all positions happens outside
 the scan, leaving only the recurrent matmuls inside it.
 
 Gates are ordered (i, f, g, o) and the bias does not include TensorFlow's
@@ -24,10 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax import chars
-from elmo_jax.options import ElmoOptions
+from elmo_jax.options import CHAR_TABLE_ROWS, ElmoOptions
 
 FORGET_BIAS = 1.0  # TF LSTMCell's default, never stored in the weights
-N_CHAR_ROWS = 262  # 261 character ids, shifted by +1, plus the padding id 0
 
 
 class LSTMState(NamedTuple):
@@ -53,17 +59,6 @@ def init_state(options: ElmoOptions, batch_size: int, dtype=jnp.float32) -> LSTM
 def token_mask(char_ids: jax.Array) -> jax.Array:
     """[..., T, C] char ids -> [..., T] bool: a token is real iff any id is > 0."""
     return jnp.any(char_ids > 0, axis=-1)
-
-
-def add_sentence_boundaries(char_ids: jax.Array, lengths: jax.Array) -> jax.Array:
-    """[B, T, C] -> [B, T+2, C]: `<S>` before and `</S>` after each row's real tokens."""
-    B, T, C = char_ids.shape
-    bos = jnp.asarray(chars.bos_char_ids(C))
-    eos = jnp.asarray(chars.eos_char_ids(C))
-    out = jnp.concatenate([jnp.broadcast_to(bos, (B, 1, C)), char_ids,
-                           jnp.zeros((B, 1, C), char_ids.dtype)], axis=1)
-    at_eos = (jnp.arange(T + 2)[None, :] == (lengths + 1)[:, None])[..., None]
-    return jnp.where(at_eos, eos, out)
 
 
 def reverse_padded(x: jax.Array, lengths: jax.Array) -> jax.Array:
@@ -100,16 +95,6 @@ def lstm_cell(w_h_t, w_proj_t, cell_clip, proj_clip, h, c, gx):
     return (_clip(h_raw, proj_clip), _clip(c_raw, cell_clip)), (si, sf, tg, so, c_raw, h_raw)
 
 
-def lstm_step(w_h_t, w_proj_t, cell_clip, proj_clip, carry, inputs):
-    """One time step for `lax.scan`: carry (h, c), inputs (gx [2, B, 4D], mask
-    [B]); masked rows keep their state and output zeros."""
-    h, c = carry
-    gx, m = inputs
-    (h_new, c_new), _ = lstm_cell(w_h_t, w_proj_t, cell_clip, proj_clip, h, c, gx)
-    m = m[None, :, None].astype(bool)
-    return (jnp.where(m, h_new, h), jnp.where(m, c_new, c)), jnp.where(m, h_new, 0.0)
-
-
 def _clip(x, limit):
     return x if limit is None else jnp.clip(x, -limit, limit)
 
@@ -121,10 +106,11 @@ def _inside(x, limit):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def lstm_scan(cell_clip, proj_clip, unroll, w_h_t, w_proj_t, gx, mask, h0, c0):
-    """`lstm_step` over time: gx [T, 2, B, 4D] gates from the input, mask
-    [T, B] float (1 real, 0 padding) -> (outputs [T, 2, B, P], (h, c)).
+    """`lstm_cell` over time: gx [T, 2, B, 4D] gates from the input, mask
+    [T, B] float (1 real, 0 padding) -> (outputs [T, 2, B, P], (h, c)); a
+    padded position keeps the state and outputs zeros.
 
-    Same numbers as `lax.scan(lstm_step)`, with a hand-written backward pass
+    Differentiable, with a hand-written backward pass
     that keeps only the sequential work inside the reverse scan: the weight
     gradients are one large matmul over all time steps afterwards (as cuDNN
     does), instead of T small ones accumulated step by step."""
@@ -325,7 +311,7 @@ class CharEncoder(nn.Module):
     def __call__(self, char_ids):
         c = self.options.char_cnn
         C = char_ids.shape[-1]
-        table = self.param("char_embed", _uniform(1.0), (N_CHAR_ROWS, c.embedding_dim))
+        table = self.param("char_embed", _uniform(1.0), (CHAR_TABLE_ROWS, c.embedding_dim))
         x = jnp.take(table, char_ids.reshape(-1, C), axis=0)
         pooled = []
         for i, (width, num) in enumerate(c.filters):
@@ -356,27 +342,60 @@ class BiLM(nn.Module):
         self.lstm = BiLSTM(self.options, unroll=self.unroll, dtype=self.dtype,
                            segments=self.segments)
 
-    def tokens(self, char_ids):
-        """[..., C] -> [..., P] context-independent token vectors."""
+    def encode_tokens(self, char_ids):
+        """[..., C] char ids -> [..., P] context-independent token vectors."""
         return self.char_encoder(char_ids)
 
-    def lstms(self, x, mask, state, deterministic=True):
-        """[2, B, T, P] -> ([L, 2, B, T, P], LSTMState); see BiLSTM."""
+    def __call__(self, readings, mask, state: LSTMState, deterministic: bool = True):
+        """The forward pass of both directions.
+
+        readings: [2, B, T, P] token vectors, or [2, B, T, C] char ids, of the
+                  forward reading and the backward one (already reversed);
+        mask:     [B, T] bool, True at real positions (the same for both
+                  readings: real positions first in each row);
+        state:    LSTMState for B rows to continue from.
+        Returns (outputs [L, 2, B, T, P] of every layer and direction, in
+        reading order and zero at padding, new LSTMState). Dropout on the
+        layer inputs when not `deterministic` (needs a "dropout" rng)."""
+        x = readings
+        if jnp.issubdtype(x.dtype, jnp.integer):
+            x = self.encode_tokens(x)
+        x = x * mask[None, :, :, None].astype(x.dtype)
         return self.lstm(x, mask, state, deterministic)
 
-    def __call__(self, char_ids, deterministic=True):
-        """Init helper: [2, B, T, C] char ids of both readings -> top layer [2, B, T, P]."""
-        x = self.tokens(char_ids)
-        mask = token_mask(char_ids[0])
-        out, _ = self.lstms(x, mask, init_state(self.options, char_ids.shape[1]), deterministic)
-        return out[-1]
+    def sentences(self, tokens, mask, state: LSTMState):
+        """Whole sentences: `<S>` and `</S>` added around each row's real
+        tokens, the backward reading made by reversing each row, its outputs put
+        back in sentence order.
+
+        tokens [B, T, P] token vectors (real tokens first), mask [B, T] ->
+        (layers [L+1, B, T+2, 2P]: layer 0 the token vectors duplicated, then
+         each LSTM layer's forward half and backward half, with the boundary
+         positions; mask [B, T+2]; new LSTMState)."""
+        B, T, P = tokens.shape
+        C = self.options.char_cnn.max_characters_per_token
+        bos, eos = self.encode_tokens(jnp.stack([jnp.asarray(chars.bos_char_ids(C)),
+                                                 jnp.asarray(chars.eos_char_ids(C))]))
+        lengths = jnp.sum(mask, axis=1) + 2                            # with <S> and </S>
+        t = jnp.arange(T + 2)[None, :, None]
+        edge = jnp.zeros((B, 1, P), tokens.dtype)
+        x = jnp.concatenate([edge, tokens * mask[..., None], edge], axis=1)
+        x = jnp.where(t == 0, bos, jnp.where(t == (lengths - 1)[:, None, None], eos, x))
+        full_mask = t[..., 0] < lengths[:, None]                       # [B, T+2]
+        outs, new_state = self(jnp.stack([x, reverse_padded(x, lengths)]), full_mask, state)
+        fwd = outs[:, 0]
+        bwd = jax.vmap(reverse_padded, in_axes=(0, None))(outs[:, 1], lengths)
+        layers = jnp.concatenate([jnp.concatenate([x, x], -1)[None],
+                                  jnp.concatenate([fwd, bwd], -1)], axis=0)
+        return layers, full_mask, new_state
 
 
 def init_params(options: ElmoOptions, rng: jax.Array) -> dict:
     """Random biLM parameters initialised as bilm-tf does (row 0 of the char
     embedding, the padding id, is zero)."""
-    dummy = jnp.zeros((2, 1, 1, options.char_cnn.max_characters_per_token), jnp.int32)
-    params = BiLM(options).init(rng, dummy)["params"]
+    C = options.char_cnn.max_characters_per_token
+    params = BiLM(options).init(rng, jnp.zeros((2, 1, 1, C), jnp.int32), jnp.ones((1, 1), bool),
+                                init_state(options, 1))["params"]
     table = params["char_encoder"]["char_embed"]
     params["char_encoder"]["char_embed"] = table.at[0].set(0.0)
     return params

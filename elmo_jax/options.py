@@ -18,9 +18,18 @@ import dataclasses
 import json
 import os
 
-# bilm-tf trains with 261 character ids (0..260); inference files say 262 because
-# the loader prepends a zero row for the padding id 0. Both describe the same table.
-_N_CHARACTERS_ALLOWED = (261, 262)
+from elmo_jax.files import read_json, write_json
+
+# The character-row rule, here and nowhere else: bilm-tf trains with 261
+# character ids (0..260) and its training options say so; inference files (what
+# bilm-tf's dump and AllenNLP read) say 262 because the loader prepends a zero row
+# for the padding id 0. Both describe the same table: the model keeps 262 rows
+# (row 0 is padding), the weight file stores the 261 real ones.
+TRAINING_CHARACTERS = 261
+INFERENCE_CHARACTERS = 262
+CHAR_TABLE_ROWS = INFERENCE_CHARACTERS      # rows of the model's char embedding
+STORED_CHAR_ROWS = TRAINING_CHARACTERS      # rows of `char_embed` in a weight file
+_N_CHARACTERS_ALLOWED = (TRAINING_CHARACTERS, INFERENCE_CHARACTERS)
 _ACTIVATIONS = ("relu", "tanh")
 
 
@@ -123,25 +132,28 @@ class ElmoOptions:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "ElmoOptions":
-        try:
-            with open(path, encoding="utf-8") as fh:
-                d = json.load(fh)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"options file not found: {path}") from None
-        except json.JSONDecodeError as e:
-            raise OptionsError(f"{path}: not valid JSON ({e})") from None
+        d = read_json(path, "options file", OptionsError)
         try:
             return cls.from_dict(d)
         except OptionsError as e:
             raise OptionsError(f"{path}: {e}") from None
 
     def to_json(self, path: str | os.PathLike) -> None:
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(self.to_dict(), fh, indent=2)
-            fh.write("\n")
+        write_json(path, self.to_dict())
 
     def replace(self, **changes) -> "ElmoOptions":
         return dataclasses.replace(self, **changes)
+
+    def for_inference(self) -> "ElmoOptions":
+        """These options as an inference file states them (n_characters 262)."""
+        return self.replace(char_cnn=dataclasses.replace(self.char_cnn,
+                                                         n_characters=INFERENCE_CHARACTERS))
+
+    def same_model(self, other: "ElmoOptions") -> bool:
+        """True when both describe the same network (n_characters 261 and 262 are
+        the same table; training fields do not matter)."""
+        return (self.lstm, self.for_inference().char_cnn) == (other.lstm,
+                                                             other.for_inference().char_cnn)
 
     # -- derived sizes --------------------------------------------------------
     @property

@@ -12,6 +12,8 @@ from typing import Iterable
 
 import numpy as np
 
+from elmo_jax.files import write_text
+
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 SPECIALS = (BOS, EOS, UNK)
 
@@ -41,10 +43,6 @@ class Vocabulary:
     def __len__(self) -> int:
         return len(self.words)
 
-    @property
-    def size(self) -> int:
-        return len(self.words)
-
     def encode(self, tokens: Iterable[str]) -> np.ndarray:
         """Token ids, <UNK> for unknown tokens; no boundaries added."""
         get, unk = self.index.get, self.unk
@@ -67,8 +65,7 @@ class Vocabulary:
             raise VocabError(f"{path}: {e}") from None
 
     def to_file(self, path: str | os.PathLike) -> None:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write("\n".join(self.words) + "\n")
+        write_text(path, "\n".join(self.words) + "\n")
 
 
 def read_word_list(path: str | os.PathLike) -> list[str]:

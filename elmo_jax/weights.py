@@ -19,13 +19,13 @@ it out). Loading then saving reproduces every dataset bit for bit.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 
 import h5py
 import numpy as np
 
-from elmo_jax.options import ElmoOptions
+from elmo_jax.files import atomic_path
+from elmo_jax.options import STORED_CHAR_ROWS, ElmoOptions
 
 # TF's column blocks (i, j, f, o) <-> ours (i, f, g, o): a swap, its own inverse.
 _GATE_PERM = (0, 2, 1, 3)
@@ -43,7 +43,7 @@ def expected_shapes(options: ElmoOptions) -> dict[str, tuple[int, ...]]:
     """Dataset name -> shape, for a file that matches `options`."""
     c, lo = options.char_cnn, options.lstm
     E, F, P, D = c.embedding_dim, c.n_filters, lo.projection_dim, lo.dim
-    shapes = {"char_embed": (261, E)}
+    shapes = {"char_embed": (STORED_CHAR_ROWS, E)}
     for i, (width, num) in enumerate(c.filters):
         shapes[f"CNN/W_cnn_{i}"] = (1, width, E, num)
         shapes[f"CNN/b_cnn_{i}"] = (num,)
@@ -170,20 +170,9 @@ def save_weights(path: str | os.PathLike, params: dict, options: ElmoOptions) ->
         if ds[name].shape != shape:
             raise WeightsError(f"parameter for '{name}' has shape {ds[name].shape}, "
                                f"expected {shape} from the options")
-    path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(suffix=".hdf5.tmp", dir=os.path.dirname(os.path.abspath(path)))
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as fh:
-            for name, arr in ds.items():
-                fh.create_dataset(name, data=arr)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a weights file is for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as fh:
+        for name, arr in ds.items():
+            fh.create_dataset(name, data=arr)
 
 
 def _to_numpy(tree):

@@ -5,9 +5,16 @@ import numpy as np
 import pytest
 
 from elmo_jax import batch_to_char_ids
-from elmo_jax.data import (Batcher, DataError, OnceSource, TextSource, read_sentences,
-                            window_char_ids)
+from elmo_jax.data import Batcher, DataError, OnceSource, TextSource, read_sentences
 from elmo_jax.vocab import build_vocab
+
+
+def window_char_ids(batch: dict) -> np.ndarray:
+    """[2, B, U, C] char ids of a batch's readings, from its token tables."""
+    chars, index = np.asarray(batch["token_chars"]), np.asarray(batch["token_index"])
+    S, B = chars.shape[0], index.shape[1]
+    group = np.arange(B) // (B // S)
+    return chars[group[None, :, None], index]
 
 
 def _corpus(tmp_path, sentences, name="a.txt"):

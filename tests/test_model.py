@@ -152,11 +152,11 @@ def test_init_params_shapes_match_the_weight_format():
 @pytest.mark.parametrize("clips", [(0.4, 0.3), (None, None)])
 def test_lstm_scan_backward_equals_autodiff(clips):
     """The hand-written backward pass of lstm_scan against JAX's autodiff of
-    the plain scan over lstm_step: ragged masks, clipping active, carried state."""
+    a plain scan over lstm_cell: ragged masks, clipping active, carried state."""
     import jax
     import jax.numpy as jnp
 
-    from elmo_jax.model import lstm_scan, lstm_step
+    from elmo_jax.model import lstm_cell, lstm_scan
 
     cell_clip, proj_clip = clips
     T, B, P, D = 7, 3, 4, 5
@@ -170,7 +170,12 @@ def test_lstm_scan_backward_equals_autodiff(clips):
     probe_h, probe_c = jax.random.normal(ks[6], (2, B, P)), jax.random.normal(ks[7], (2, B, D))
 
     def reference(w_h_t, w_proj_t, gx, h0, c0):
-        step = lambda carry, x: lstm_step(w_h_t, w_proj_t, cell_clip, proj_clip, carry, x)  # noqa
+        def step(carry, inputs):  # padded rows keep their state and output zeros
+            (h, c), (g, m) = carry, inputs
+            (h_new, c_new), _ = lstm_cell(w_h_t, w_proj_t, cell_clip, proj_clip, h, c, g)
+            m = m[None, :, None].astype(bool)
+            return (jnp.where(m, h_new, h), jnp.where(m, c_new, c)), jnp.where(m, h_new, 0.0)
+
         (h, c), out = jax.lax.scan(step, (h0, c0), (gx, mask))
         return out, (h, c)
 

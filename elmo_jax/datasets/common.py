@@ -39,6 +39,16 @@ def done_record(out_dir: str, version: int) -> dict | None:
     return None
 
 
+def begin(name: str, cache_dir: str | None, version: int) -> tuple[str, dict | None]:
+    """A recipe's output folder and, when this version already finished there,
+    its record; otherwise the folder is emptied for a fresh run."""
+    out = os.path.join(cache_root(cache_dir), name)
+    done = done_record(out, version)
+    if done is None:
+        fresh_dir(out)
+    return out, done
+
+
 def mark_done(out_dir: str, version: int, record: dict) -> dict:
     record = {"version": version, **record}
     with open(os.path.join(out_dir, "DONE"), "w", encoding="utf-8") as fh:

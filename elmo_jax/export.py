@@ -1,0 +1,70 @@
+"""The export folder: what `train.py export` writes and every reader loads.
+
+    DIR/options.json   bilm-tf's options, as an inference file (n_characters 262)
+    DIR/weights.hdf5   the biLM in bilm-tf's hdf5 layout (`weights.py`)
+    DIR/vocab.txt      the softmax vocabulary (optional)
+
+The pair is exactly what AllenNLP's `Elmo(options_file, weight_file)` and
+bilm-tf's `BidirectionalLanguageModel` read. `load_export` also takes a weights
+file with its options.json beside it (the published ELMo files are named
+`*_weights.hdf5` and `*_options.json`: pass the weights file and `options=`).
+"""
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+from elmo_jax.options import ElmoOptions
+from elmo_jax.vocab import Vocabulary
+from elmo_jax.weights import load_weights, save_weights
+
+OPTIONS_FILE = "options.json"
+WEIGHTS_FILE = "weights.hdf5"
+VOCAB_FILE = "vocab.txt"
+
+
+class Export(NamedTuple):
+    options: ElmoOptions
+    params: dict               # biLM parameters (numpy float32)
+    vocab: Vocabulary | None   # None when the folder has no vocab.txt
+
+
+def save_export(out_dir: str | os.PathLike, params: dict, options: ElmoOptions,
+                vocab: Vocabulary | None = None) -> str:
+    """Write the folder; returns its path. Each file appears whole or not at all."""
+    out_dir = os.fspath(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    inference = options.for_inference()
+    save_weights(os.path.join(out_dir, WEIGHTS_FILE), params, inference)
+    inference.to_json(os.path.join(out_dir, OPTIONS_FILE))
+    if vocab is not None:
+        vocab.to_file(os.path.join(out_dir, VOCAB_FILE))
+    return out_dir
+
+
+def export_files(path: str | os.PathLike, options: str | os.PathLike | None = None
+                 ) -> tuple[str, str]:
+    """(options.json, weights.hdf5) of an export folder, or of a weights file
+    (options.json beside it unless `options` is given)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        weights = os.path.join(path, WEIGHTS_FILE)
+        options_path = os.fspath(options) if options else os.path.join(path, OPTIONS_FILE)
+    else:
+        weights = path
+        options_path = os.fspath(options) if options else os.path.join(
+            os.path.dirname(os.path.abspath(path)), OPTIONS_FILE)
+    for what, p in (("options file", options_path), ("weight file", weights)):
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"{what} not found: {p} (an export folder holds "
+                                    f"{OPTIONS_FILE} and {WEIGHTS_FILE})")
+    return options_path, weights
+
+
+def load_export(path: str | os.PathLike, options: str | os.PathLike | None = None) -> Export:
+    """Read an export folder (or a weights file with its options)."""
+    options_path, weights = export_files(path, options)
+    opts = ElmoOptions.from_json(options_path)
+    vocab_path = os.path.join(os.path.dirname(weights), VOCAB_FILE)
+    vocab = Vocabulary.from_file(vocab_path) if os.path.exists(vocab_path) else None
+    return Export(opts, load_weights(weights, opts), vocab)

@@ -1,0 +1,54 @@
+"""Reading JSON with clear errors, and writing files whole: every file elmo-jax writes appears complete or not at
+all (a crash leaves no half-written file), with the permissions the umask
+gives (shared machines: a colleague can read what you wrote when your umask
+says so)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yield a temporary path beside `path`; on success it is given the
+    umask's mode and renamed to `path`, on an error removed."""
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(text)
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def read_json(path: str | os.PathLike, what: str, error: type[Exception] = ValueError):
+    """The JSON in `path`; a missing file or bad JSON is an error naming it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path}: not valid JSON ({e})") from None

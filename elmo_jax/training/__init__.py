@@ -1,0 +1,15 @@
+"""Pretraining the biLM as bilm-tf does, data-parallel over a device mesh.
+
+    steps.py         TrainState, the loss, `train_step`, `eval_step` (pure)
+    partitioning.py  the Mesh, shardings, global batch, `create_train_step`
+    workdir.py       checkpoints, the run's config, `restore_latest`, export, fine-tune loading
+    loop.py          `train_and_evaluate(config, workdir)`, `evaluate`
+"""
+from elmo_jax.training.loop import evaluate, evaluate_workdir, train_and_evaluate
+from elmo_jax.training.partitioning import (create_train_step, global_batch, make_mesh)
+from elmo_jax.training.steps import TrainState, eval_step, init_train_state, train_step
+from elmo_jax.training.workdir import TrainingError, export, load_pretrained, restore_latest
+
+__all__ = ["train_and_evaluate", "evaluate", "evaluate_workdir", "create_train_step",
+           "global_batch", "make_mesh", "TrainState", "train_step", "eval_step",
+           "init_train_state", "TrainingError", "export", "load_pretrained", "restore_latest"]

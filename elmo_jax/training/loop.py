@@ -1,0 +1,248 @@
+"""The training loop: `train_and_evaluate(config, workdir)`, and evaluation.
+
+Resumes exactly from the newest checkpoint in the workdir when there is one.
+Stops after `train.max_steps` steps or `train.max_seconds`, on SIGTERM or
+Ctrl-C (after saving a checkpoint), or on a non-finite loss (keeping the last
+good checkpoint).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import signal
+import sys
+import time
+
+import jax
+import numpy as np
+
+from elmo_jax import data as data_lib
+from elmo_jax.config import Config, ConfigError, TrainConfig
+from elmo_jax.model import init_state
+from elmo_jax.options import ElmoOptions
+from elmo_jax.training.partitioning import (check_divisible, create_train_step, global_batch,
+                                            make_mesh)
+from elmo_jax.training.steps import eval_step
+from elmo_jax.training.workdir import (MetricsLog, Pretrained, TrainingError, checkpoint_manager,
+                                       load_pretrained, read_run, restore_checkpoint,
+                                       restore_latest, save_checkpoint, write_run)
+from elmo_jax.vocab import Vocabulary
+
+_eval_step_jit = jax.jit(eval_step, static_argnames=("options", "config"))
+
+
+def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Vocabulary,
+             eval_files: str) -> dict:
+    """Perplexity over held-out files, read once in order by `eval_batch_size`
+    streams with the state carried: forward, backward, and bilm-tf's number,
+    exp of the mean of the two directions' mean losses."""
+    batcher = data_lib.Batcher(data_lib.OnceSource(eval_files), vocab, config.eval_batch_size,
+                               config.eval_unroll_steps,
+                               options.char_cnn.max_characters_per_token)
+    step = functools.partial(_eval_step_jit, options=options, config=config)
+    state = init_state(options, config.eval_batch_size)
+    total, count = np.zeros(2), 0.0
+    for batch in batcher:
+        state, nll, n = step(params, state, batch)
+        total += np.asarray(nll, np.float64)
+        count += float(n)
+    if count == 0:
+        raise data_lib.DataError(f"no held-out sentences in {eval_files!r}")
+    mean = total / count
+    return {"eval_ppl_forward": float(np.exp(mean[0])), "eval_ppl_backward": float(np.exp(mean[1])),
+            "eval_ppl": float(np.exp(mean.mean())), "eval_tokens": int(count)}
+
+
+def evaluate_workdir(workdir: str, eval_files: str) -> dict:
+    """Held-out perplexity of the newest checkpoint in `workdir`."""
+    run = restore_latest(workdir)
+    return {"step": int(run.state.step),
+            **evaluate(run.state.params, run.config.model, run.config.train, run.vocab,
+                       eval_files)}
+
+
+def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bool
+                   ) -> tuple[Config, Pretrained | None]:
+    """The model a run trains: the workdir's when resuming, the pretrained one's
+    with `data.init_from`, else the config's; sized to the vocabulary."""
+    pretrained = None
+    model = config.model
+    if resuming:
+        saved, saved_vocab = read_run(workdir)
+        if not saved.model.same_model(model):
+            raise TrainingError(f"{workdir} holds a run of another model; use a new --workdir")
+        if saved_vocab.words != vocab.words:
+            raise TrainingError(f"{workdir} was trained with another vocabulary than "
+                                f"{config.data.vocab_file}")
+        model = saved.model
+    elif config.data.init_from:
+        pretrained = load_pretrained(config.data.init_from, vocab)
+        if not pretrained.options.same_model(model):
+            print(f"--init_from: using the pretrained model's architecture from "
+                  f"{config.data.init_from}", file=sys.stderr)
+        model = model.replace(lstm=pretrained.options.lstm, char_cnn=pretrained.options.char_cnn)
+    return config.replace(model=model.replace(n_tokens_vocab=len(vocab))), pretrained
+
+
+def _batcher(config: Config, vocab: Vocabulary, mesh, source=None) -> data_lib.Batcher:
+    """This process's rows of the global batch, one token table per local data shard."""
+    if source is None and config.data.source == "lm1b":
+        source = data_lib.lm1b_source("train", seed=config.train.seed,
+                                      process_index=jax.process_index(),
+                                      process_count=jax.process_count())
+    elif source is None:
+        if not config.data.train_files:
+            raise ConfigError("no training data: give --train_files (data.train_files) or "
+                              "--source lm1b")
+        source = data_lib.TextSource(config.data.train_files, seed=config.train.seed,
+                                     process_index=jax.process_index(),
+                                     process_count=jax.process_count())
+    options = config.model
+    return data_lib.Batcher(source, vocab, options.batch_size // jax.process_count(),
+                            options.unroll_steps, options.char_cnn.max_characters_per_token,
+                            n_groups=mesh.shape["data"] // jax.process_count())
+
+
+def _max_steps(config: Config) -> float:
+    options, train = config.model, config.train
+    if train.max_steps is not None:
+        return train.max_steps
+    if train.max_seconds is not None:
+        return math.inf  # the time limit ends the run
+    if not options.n_train_tokens:
+        raise ConfigError("give train.max_steps, train.max_seconds, or n_train_tokens and "
+                          "n_epochs in the model options")
+    return options.n_epochs * (options.n_train_tokens // (options.batch_size * options.unroll_steps))
+
+
+@contextlib.contextmanager
+def _stop_requests():
+    """{"signal": None} until SIGINT or SIGTERM arrives (a second one acts as usual)."""
+    stop, handlers = {"signal": None}, {}
+
+    def request_stop(signum, frame):
+        stop["signal"] = signum
+        signal.signal(signum, handlers[signum])
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            handlers[sig] = signal.signal(sig, request_stop)
+        except ValueError:  # not the main thread
+            pass
+    try:
+        yield stop
+    finally:
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+
+
+class _Window:
+    """Training metrics averaged over the steps since the last log record."""
+
+    def __init__(self, t_start: float):
+        self.t_start = t_start
+        self.reset(t_start)
+
+    def reset(self, now: float) -> None:
+        self.t, self.tokens, self.loss, self.n = now, 0, 0.0, 0
+
+    def add(self, loss: float, tokens: int) -> None:
+        self.loss, self.tokens, self.n = self.loss + loss, self.tokens + tokens, self.n + 1
+
+    def record(self, step: int, metrics: dict) -> dict:
+        now = time.time()
+        mean = self.loss / self.n
+        out = {"step": step, "train_loss": mean, "train_ppl": math.exp(min(mean, 50.0)),
+               "loss_forward": float(metrics["loss_forward"]),
+               "loss_backward": float(metrics["loss_backward"]),
+               "grad_norm": float(metrics["grad_norm"]),
+               "tokens_per_sec": self.tokens / max(now - self.t, 1e-9),
+               "elapsed_sec": now - self.t_start}
+        self.reset(now)
+        return out
+
+
+def train_and_evaluate(config: Config, workdir: str, progress: bool = True, source=None) -> dict:
+    """Train (or resume) in `workdir`; returns the last metrics record.
+    `source` replaces the config's sentence source (tests, custom corpora)."""
+    if not config.data.vocab_file:
+        raise ConfigError("no vocabulary: give --vocab_file (data.vocab_file)")
+    vocab = Vocabulary.from_file(config.data.vocab_file)
+    os.makedirs(workdir, exist_ok=True)
+    mngr = checkpoint_manager(workdir, config.train.max_to_keep)
+    resume_step = mngr.latest_step()
+    config, pretrained = _resolve_model(config, workdir, vocab, resume_step is not None)
+    mesh = make_mesh(config.train.mesh_model)
+    check_divisible(config.model, len(vocab), mesh)
+    batcher = _batcher(config, vocab, mesh, source)
+    built = create_train_step(config.model, config.train, len(vocab), mesh)
+    if resume_step is not None:
+        state, position = restore_checkpoint(mngr, resume_step, built.abstract_state)
+        batcher.restore(position)
+    else:
+        state = built.init(*(pretrained[1:] if pretrained else (None, None)))
+        write_run(workdir, config, vocab)
+    try:
+        with _stop_requests() as stop:
+            return _loop(config, vocab, workdir, state, built.step, batcher, mesh, mngr, stop,
+                         resume_step, progress)
+    finally:
+        mngr.wait_until_finished()
+
+
+def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, last_saved,
+          progress) -> dict:
+    from tqdm import tqdm
+
+    tc, eval_files = config.train, config.data.eval_files
+    max_steps = _max_steps(config)
+    log = MetricsLog(workdir)
+    step = int(state.step)
+    last = {"step": step}
+    t_start = time.time()
+    window = _Window(t_start)
+    bar = tqdm(total=None if max_steps == math.inf else max_steps, initial=step, unit="step",
+               disable=not progress or jax.process_index() != 0, dynamic_ncols=True,
+               mininterval=0.5 if sys.stderr.isatty() else 30.0)
+    with bar:
+        batch, position = global_batch(next(batcher), mesh), batcher.position()
+        while step < max_steps:
+            state, metrics = step_fn(state, batch)
+            state_position = position  # the data position after the batch just used
+            if step + 1 < max_steps:  # made on the host while the device computes
+                batch, position = global_batch(next(batcher), mesh), batcher.position()
+            loss = float(metrics["loss"])
+            step += 1
+            if not math.isfinite(loss):
+                log.write({"step": step, "event": "diverged", "train_loss": loss})
+                kept = (f"the last good checkpoint (step {last_saved}) is kept" if last_saved
+                        else "no checkpoint had been written")
+                raise TrainingError(f"the loss became {loss} at step {step}: training stopped "
+                                    f"and {kept}. Lower the learning rate or check the data.")
+            window.add(loss, int(metrics["tokens"]))
+            bar.update(1)
+            if step % tc.log_every == 0 or step == max_steps:
+                last = window.record(step, metrics)
+                log.write(last)
+                bar.set_postfix(loss=f"{last['train_loss']:.3f}",
+                                tok_s=f"{last['tokens_per_sec']:.0f}")
+            timed_out = tc.max_seconds is not None and time.time() - t_start > tc.max_seconds
+            if step % tc.checkpoint_every == 0 or stop["signal"] or timed_out:
+                save_checkpoint(mngr, state, state_position)
+                last_saved = step
+            if eval_files and tc.eval_every and step % tc.eval_every == 0:
+                last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files)}
+                log.write(last)
+            if stop["signal"] or timed_out:
+                why = "time limit" if timed_out else signal.Signals(stop["signal"]).name
+                tqdm.write(f"stopped at step {step} ({why}); checkpoint saved. Run the same "
+                           "command again to resume.", file=sys.stderr)
+                break
+        if step == max_steps and last_saved != step:
+            save_checkpoint(mngr, state, state_position)
+        if eval_files and not (tc.eval_every and step % tc.eval_every == 0):
+            last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files)}
+            log.write(last)
+    return last

@@ -1,0 +1,108 @@
+"""Where the arrays live: the device mesh, the shardings, the global batch,
+and `create_train_step`, the one place the jitted, sharded train step is built
+(`train.py`, `bench/train.py` and `bench/gpu.py` all time and run this step).
+
+The batch is split over the mesh's `data` axis and the parameters replicated,
+except the softmax matrix, its bias and their optimizer slots, whose rows may be
+split over a `model` axis. The same code runs on one CPU, simulated CPU
+devices, a GPU or a TPU slice, and over several hosts.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from elmo_jax.config import TrainConfig
+from elmo_jax.options import ElmoOptions
+from elmo_jax.training.steps import TrainState, init_train_state, make_optimizer, train_step
+
+
+def make_mesh(mesh_model: int = 1, devices=None) -> Mesh:
+    """A ("data", "model") mesh of `devices` (default: all) with `mesh_model`
+    devices on the model axis."""
+    devices = list(devices if devices is not None else jax.devices())
+    if len(devices) % mesh_model:
+        raise ValueError(f"mesh_model={mesh_model} does not divide the {len(devices)} devices")
+    grid = np.array(devices).reshape(len(devices) // mesh_model, mesh_model)
+    return Mesh(grid, ("data", "model"))
+
+
+def state_shardings(abstract_state: TrainState, mesh: Mesh) -> TrainState:
+    """Replicated parameters, LSTM state split by batch row, softmax rows split
+    over `model` (optimizer slots follow their parameters)."""
+    def spec(path, leaf):
+        keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+        if "lstm_state" in keys:
+            return NamedSharding(mesh, P(None, None, "data"))
+        if "softmax" in keys and getattr(leaf, "ndim", 0) >= 1:
+            return NamedSharding(mesh, P("model"))
+        return NamedSharding(mesh, P())
+    return jax.tree_util.tree_map_with_path(spec, abstract_state)
+
+
+def batch_shardings(mesh: Mesh) -> dict:
+    """Shardings of `data.Batcher`'s dict: token tables by group, rows by data shard."""
+    return {"token_chars": NamedSharding(mesh, P("data")),
+            "token_index": NamedSharding(mesh, P(None, "data")),
+            "targets": NamedSharding(mesh, P(None, "data")),
+            "mask": NamedSharding(mesh, P("data"))}
+
+
+def pad_tables(batch: dict, n: int) -> dict:
+    """Pad the token tables to n rows (processes must agree on the shape)."""
+    chars = batch["token_chars"]
+    if chars.shape[1] == n:
+        return batch
+    padded = np.zeros(chars.shape[:1] + (n,) + chars.shape[2:], chars.dtype)
+    padded[:, :chars.shape[1]] = chars
+    return {**batch, "token_chars": padded}
+
+
+def global_batch(local: dict, mesh: Mesh) -> dict:
+    """Host-local numpy batch -> global arrays (each process holds its rows)."""
+    if jax.process_count() > 1:  # the token tables must have one shape everywhere
+        n = multihost_utils.process_allgather(np.array([local["token_chars"].shape[1]]))
+        local = pad_tables(local, int(np.max(n)))
+    shardings = batch_shardings(mesh)
+    return {k: jax.make_array_from_process_local_data(shardings[k], v) for k, v in local.items()}
+
+
+def check_divisible(options: ElmoOptions, vocab_size: int, mesh: Mesh) -> None:
+    """The batch splits over data shards and processes, the vocabulary over `model`."""
+    n_data, n_model = mesh.shape["data"], mesh.shape["model"]
+    if options.batch_size % n_data or n_data % jax.process_count():
+        raise ValueError(f"batch_size {options.batch_size} must divide evenly over the "
+                         f"{n_data} data-parallel devices and {jax.process_count()} processes")
+    if vocab_size % n_model:
+        raise ValueError(f"vocabulary size {vocab_size} must divide over mesh_model={n_model}")
+
+
+class TrainStep(NamedTuple):
+    """What `create_train_step` builds."""
+    step: Callable            # (state, global batch) -> (state, metrics); donates the state
+    init: Callable            # (bilm params or None, softmax params or None) -> sharded state
+    abstract_state: TrainState  # shapes, dtypes and shardings of the state (for restoring)
+    shardings: TrainState
+
+
+def create_train_step(options: ElmoOptions, config: TrainConfig, vocab_size: int,
+                      mesh: Mesh) -> TrainStep:
+    """The jitted train step over `mesh` for `options.batch_size` global rows
+    (see `check_divisible` for what the mesh must divide)."""
+    abstract = jax.eval_shape(lambda: init_train_state(options, config, vocab_size))
+    shardings = state_shardings(abstract, mesh)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            abstract, shardings)
+    tx = make_optimizer(options, config)
+    step = jax.jit(functools.partial(train_step, options=options, config=config, tx=tx),
+                   in_shardings=(shardings, batch_shardings(mesh)),
+                   out_shardings=(shardings, None), donate_argnums=0)
+    init = jax.jit(functools.partial(init_train_state, options, config, vocab_size),
+                   out_shardings=shardings)
+    return TrainStep(step, init, abstract, shardings)

@@ -1,0 +1,86 @@
+"""One config per run: sections, generic overrides, bare options files, errors
+that name the field; every shipped config loads."""
+import glob
+import json
+import os
+
+import pytest
+
+from conftest import FIXTURES, REPO
+from elmo_jax.config import ConfigError, Config, config_from_dict, load_config, save_config
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "*.json"))))
+def test_every_shipped_config_loads(path):
+    config = load_config(path)
+    assert isinstance(config, Config) and config.description
+    assert config_from_dict(config.to_dict()) == config
+
+
+def test_overrides_reach_every_section():
+    config = load_config(os.path.join(REPO, "configs", "tiny.json"), [
+        "train.learning_rate=0.05", "model.lstm.dim=128", "model.batch_size=4",
+        "data.train_files=corpus/*.txt", 'data.vocab_file="v.txt"', "train.max_steps=null"])
+    assert config.train.learning_rate == 0.05
+    assert config.model.lstm.dim == 128 and config.model.batch_size == 4
+    assert config.data.train_files == "corpus/*.txt" and config.data.vocab_file == "v.txt"
+    assert config.train.max_steps is None
+    # the file's other fields are untouched
+    assert config.model.lstm.projection_dim == load_config(
+        os.path.join(REPO, "configs", "tiny.json")).model.lstm.projection_dim
+
+
+def test_a_bare_bilm_tf_options_file_is_a_config(tmp_path):
+    config = load_config(os.path.join(FIXTURES, "options.json"), ["train.seed=3"])
+    with open(os.path.join(FIXTURES, "options.json")) as fh:
+        raw = json.load(fh)
+    assert config.model.lstm.dim == raw["lstm"]["dim"]
+    assert config.train.seed == 3 and config.data.train_files is None
+
+
+def test_resolved_config_round_trips(tmp_path):
+    config = load_config(os.path.join(REPO, "configs", "original.json"),
+                         ["data.eval_files=held/*", "model.n_tokens_vocab=793471"])
+    save_config(config, tmp_path / "config.json")
+    assert load_config(tmp_path / "config.json") == config
+
+
+@pytest.mark.parametrize("override, match", [
+    ("train.learning_rat=0.1", "train.learning_rat"),
+    ("model.lstm.dimm=3", "lstm.dimm"),
+    ("data.source=web", "data.source"),
+    ("optim.lr=1", "starts with model, train or data"),
+    ("train.learning_rate", "PATH=VALUE"),
+])
+def test_bad_overrides_name_the_field(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(os.path.join(REPO, "configs", "tiny.json"), [override])
+
+
+def test_bad_files_are_clear(tmp_path):
+    (tmp_path / "a.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text('{"train": {}}')
+    with pytest.raises(ConfigError, match="'model' section"):
+        load_config(tmp_path / "b.json")
+    (tmp_path / "c.json").write_text('{"model": {}, "optimizer": {}}')
+    with pytest.raises(ConfigError, match="unknown section 'optimizer'"):
+        load_config(tmp_path / "c.json")
+    with pytest.raises(FileNotFoundError, match="config file not found"):
+        load_config(tmp_path / "missing.json")
+
+
+def test_train_py_shorthands_are_config_fields():
+    """Every flag train.py offers as a shorthand sets a real config field."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_cli", os.path.join(REPO, "train.py"))
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    for flag, (path, _) in cli.SHORTHANDS.items():
+        value = {"source": "lm1b"}.get(flag, 7 if flag in cli.TYPES else "x")
+        config = load_config(os.path.join(REPO, "configs", "tiny.json"),
+                             [f"{path}={json.dumps(value)}"])
+        section, field = path.split(".")
+        assert getattr(getattr(config, section), field) == value, flag
