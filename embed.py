@@ -7,8 +7,10 @@ bilm-tf's `dump_bilm_embeddings` layout (a thin shell over elmo_jax.embedding).
       [--cache_vocab vocab.txt]
 
 Key str(i) holds line i: float32 [3, n_tokens, 2P] (all layers), or [n_tokens, 2P]
-with --layer or --mix. Lines are pre-tokenised (split on whitespace) unless
---tokenize. Stateless by default: every sentence starts from a zero state.
+with --layer or --mix. Lines end at "\n" (or "\r\n") only, so line i is always
+entry i; a blank line is an entry of 0 tokens. Lines are pre-tokenised (split
+on any Unicode whitespace, as bilm-tf does) unless --tokenize; a token longer
+than 48 UTF-8 bytes is spelled by its first 48. Stateless by default: every sentence starts from a zero state.
 --stateful carries the state from each line to the next, as bilm-tf's dump does.
 """
 from __future__ import annotations
@@ -54,7 +56,8 @@ def main(argv=None):
     else:
         from elmo_jax.export import load_export
 
-        options, params, _ = load_export(args.weights, options=args.options)
+        exported = load_export(args.weights, options=args.options)
+        options, params = exported.options, exported.params
     sentences = read_sentences(args.input, keep_empty=True)
     if args.tokenize:
         from elmo_jax.datasets.common import Tokenizer

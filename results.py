@@ -119,7 +119,8 @@ def main():
         say(cmd)
 
         def tag():
-            options, bilm, _ = load_export(export)
+            exported = load_export(export)
+            options, bilm = exported.options, exported.params
             config = pos.TaggerConfig(mode=mode, epochs=args.tagger_epochs,
                                       max_train_sentences=args.max_train_sentences)
             return {**pos.train_and_evaluate(bilm, options, *splits, config, progress=True),

@@ -111,8 +111,14 @@ def config_from_dict(d: dict) -> Config:
     data = _section(DataConfig, d.get("data", {}), "data")
     if data.source not in ("text", "lm1b"):
         raise ConfigError(f"'data.source' must be 'text' or 'lm1b', got {data.source!r}")
-    return Config(model=model, train=_section(TrainConfig, d.get("train", {}), "train"),
-                  data=data, description=d.get("description", ""))
+    train = _section(TrainConfig, d.get("train", {}), "train")
+    if model.learning_rate is not None:  # bilm-tf's own option is honoured
+        stated = d.get("train", {}).get("learning_rate")
+        if stated is not None and stated != model.learning_rate:
+            raise ConfigError(f"model.learning_rate ({model.learning_rate}, bilm-tf's option) and "
+                              f"train.learning_rate ({stated}) disagree: set only one")
+        train = dataclasses.replace(train, learning_rate=model.learning_rate)
+    return Config(model=model, train=train, data=data, description=d.get("description", ""))
 
 
 def parse_override(text: str) -> tuple[list[str], object]:

@@ -33,6 +33,7 @@ from typing import Iterator
 import numpy as np
 
 from elmo_jax.chars import MAX_CHARS, token_to_char_ids
+from elmo_jax.files import split_lines
 from elmo_jax.vocab import BOS, EOS, Vocabulary, build_vocab, count_tokens
 
 
@@ -49,8 +50,12 @@ def list_shards(pattern: str) -> list[str]:
 
 
 def read_sentences(path: str, keep_empty: bool = False) -> list[list[str]]:
-    """Whitespace-tokenised sentences of a sentence-per-line UTF-8 file; blank
-    lines are skipped unless `keep_empty` (then line i is sentence i)."""
+    """Whitespace-tokenised sentences of a sentence-per-line UTF-8 file.
+
+    Lines end at "\n" (or "\r\n") only (`files.split_lines`); tokens are
+    split on any Unicode whitespace, as bilm-tf's `str.split()` does. Blank
+    lines are skipped unless `keep_empty` (then line i is sentence i, and a
+    blank line is a sentence of no tokens)."""
     with open(path, "rb") as fh:
         raw = fh.read()
     try:
@@ -59,7 +64,7 @@ def read_sentences(path: str, keep_empty: bool = False) -> list[list[str]]:
         line = raw[:e.start].count(b"\n") + 1
         raise DataError(f"{path}, line {line}: not valid UTF-8 (byte {raw[e.start]:#04x} at "
                         f"offset {e.start}); convert the file to UTF-8") from None
-    sentences = [line.split() for line in text.splitlines()]
+    sentences = [line.split() for line in split_lines(text)]
     return sentences if keep_empty else [s for s in sentences if s]
 
 
@@ -105,17 +110,22 @@ class TextSource:
         return self._loaded[2]
 
     def next_sentence(self) -> list[str]:
-        for _ in range(len(self.shards) + 1):
+        empty: set[int] = set()  # shards found empty since the last sentence
+        while True:
             sentences = self._sentences()
             if self.sent_pos < len(sentences):
                 self.sent_pos += 1
                 return sentences[self.sent_pos - 1]
+            if not sentences:  # an empty shard is skipped; all empty is an error
+                empty.add(int(self._shard_order(self.epoch)[self.shard_pos]))
+                if len(empty) == len(self.shards):
+                    raise DataError(f"no sentences in {', '.join(self.shards)}: the corpus is "
+                                    "empty")
             self.sent_pos = 0
             self.shard_pos += 1
             if self.shard_pos == len(self.shards):
                 self.shard_pos = 0
                 self.epoch += 1
-        raise DataError(f"no sentences in {', '.join(self.shards)}: the corpus is empty")
 
     def position(self) -> dict:
         return {"epoch": self.epoch, "shard_pos": self.shard_pos, "sent_pos": self.sent_pos}

@@ -194,8 +194,8 @@ class Elmo:
         options.json beside it."""
         from elmo_jax.export import load_export
 
-        options, params, _ = load_export(path)
-        return cls(params, options, **kwargs)
+        exported = load_export(path)
+        return cls(exported.params, exported.options, **kwargs)
 
     def reset_state(self) -> None:
         self.state = None

@@ -3,9 +3,11 @@
     DIR/options.json   bilm-tf's options, as an inference file (n_characters 262)
     DIR/weights.hdf5   the biLM in bilm-tf's hdf5 layout (`weights.py`)
     DIR/vocab.txt      the softmax vocabulary (optional)
+    DIR/softmax.hdf5   the word softmax, for scoring sentences (optional)
 
 The pair is exactly what AllenNLP's `Elmo(options_file, weight_file)` and
-bilm-tf's `BidirectionalLanguageModel` read. `load_export` also takes a weights
+bilm-tf's `BidirectionalLanguageModel` read; the softmax sits in a file of its
+own so that they load the pair unchanged. `load_export` also takes a weights
 file with its options.json beside it (the published ELMo files are named
 `*_weights.hdf5` and `*_options.json`: pass the weights file and `options=`).
 """
@@ -16,21 +18,24 @@ from typing import NamedTuple
 
 from elmo_jax.options import ElmoOptions
 from elmo_jax.vocab import Vocabulary
-from elmo_jax.weights import load_weights, save_weights
+from elmo_jax.weights import (WeightsError, load_softmax, load_weights, save_softmax,
+                              save_weights)
 
 OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
 VOCAB_FILE = "vocab.txt"
+SOFTMAX_FILE = "softmax.hdf5"
 
 
 class Export(NamedTuple):
     options: ElmoOptions
     params: dict               # biLM parameters (numpy float32)
     vocab: Vocabulary | None   # None when the folder has no vocab.txt
+    softmax: dict | None = None  # {"w": [V, P], "b": [V]}; None without softmax.hdf5
 
 
 def save_export(out_dir: str | os.PathLike, params: dict, options: ElmoOptions,
-                vocab: Vocabulary | None = None) -> str:
+                vocab: Vocabulary | None = None, softmax: dict | None = None) -> str:
     """Write the folder; returns its path. Each file appears whole or not at all."""
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -39,6 +44,10 @@ def save_export(out_dir: str | os.PathLike, params: dict, options: ElmoOptions,
     inference.to_json(os.path.join(out_dir, OPTIONS_FILE))
     if vocab is not None:
         vocab.to_file(os.path.join(out_dir, VOCAB_FILE))
+    if softmax is not None:
+        if vocab is None or len(vocab) != softmax["w"].shape[0]:
+            raise WeightsError("the softmax is written with the vocabulary of its rows")
+        save_softmax(os.path.join(out_dir, SOFTMAX_FILE), softmax)
     return out_dir
 
 
@@ -65,6 +74,10 @@ def load_export(path: str | os.PathLike, options: str | os.PathLike | None = Non
     """Read an export folder (or a weights file with its options)."""
     options_path, weights = export_files(path, options)
     opts = ElmoOptions.from_json(options_path)
-    vocab_path = os.path.join(os.path.dirname(weights), VOCAB_FILE)
+    folder = os.path.dirname(weights)
+    vocab_path, softmax_path = (os.path.join(folder, f) for f in (VOCAB_FILE, SOFTMAX_FILE))
     vocab = Vocabulary.from_file(vocab_path) if os.path.exists(vocab_path) else None
-    return Export(opts, load_weights(weights, opts), vocab)
+    softmax = None
+    if vocab is not None and os.path.exists(softmax_path):
+        softmax = load_softmax(softmax_path, opts, len(vocab))
+    return Export(opts, load_weights(weights, opts), vocab, softmax)

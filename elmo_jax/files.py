@@ -1,4 +1,4 @@
-"""Reading JSON with clear errors, and writing files whole: every file elmo-jax writes appears complete or not at
+"""Lines as bilm-tf reads them, JSON with clear errors, and writing files whole: every file elmo-jax writes appears complete or not at
 all (a crash leaves no half-written file), with the permissions the umask
 gives (shared machines: a colleague can read what you wrote when your umask
 says so)."""
@@ -8,6 +8,21 @@ import contextlib
 import json
 import os
 import tempfile
+
+
+def split_lines(text: str) -> list[str]:
+    """The lines of a text: split on "\n" only, a "\r" before it dropped.
+
+    Line i of a file is entry i of every output made from it, so no other
+    character ends a line: Python's `str.splitlines` also breaks on \r, \v, \f,
+    \x1c-\x1e, \x85, U+2028 and U+2029, which would shift every later line. A
+    final "\n" ends the last line and starts no empty one."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def _umask() -> int:

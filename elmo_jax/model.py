@@ -185,7 +185,9 @@ def _glorot_rows(fan_in: int, fan_out: int):
 
 
 class LSTMLayer(nn.Module):
-    """One layer, both directions, with projection and clipping.
+    """One layer, both directions, with projection and clipping (no projection
+    when dim == projection_dim, as bilm-tf: the exact identity then stands in
+    for it, so it costs one extra D x D product per step).
 
     `segments` (static) packs a batch whose rows are sorted by length, longest
     first, as AllenNLP's LSTM does: ((t_start, t_end, n_rows), ...) covering
@@ -209,7 +211,11 @@ class LSTMLayer(nn.Module):
         w_in = self.param("w_in", init, (2, Pin, 4 * D))
         w_h = self.param("w_h", init, (2, P, 4 * D))
         b = self.param("b", nn.initializers.zeros, (2, 4 * D))
-        w_proj = self.param("w_proj", _glorot_rows(D, P), (2, D, P))
+        if D != P:
+            w_proj = self.param("w_proj", _glorot_rows(D, P), (2, D, P))
+            proj_clip = self.proj_clip
+        else:  # bilm-tf builds no projection then: h = o * tanh(c), and proj_clip is unused
+            w_proj, proj_clip = jnp.broadcast_to(jnp.eye(D), (2, D, D)), None
         w_in = w_in.astype(self.dtype)
         w_h_t, w_proj_t = (jnp.swapaxes(w, 1, 2).astype(self.dtype) for w in (w_h, w_proj))
         if self.segments and (self.segments[-1][1] > T or max(n for *_, n in self.segments) > B):
@@ -222,7 +228,7 @@ class LSTMLayer(nn.Module):
             gx = jnp.einsum("dnp,dpg->dng", xs.reshape(2, -1, Pin).astype(self.dtype), w_in,
                             preferred_element_type=jnp.float32) + b[:, None, :]
             gx = jnp.transpose(gx.reshape(2, n, t1 - t0, 4 * D), (2, 0, 1, 3))  # time-major
-            out, (hn, cn) = lstm_scan(self.cell_clip, self.proj_clip, self.unroll, w_h_t,
+            out, (hn, cn) = lstm_scan(self.cell_clip, proj_clip, self.unroll, w_h_t,
                                       w_proj_t, gx, mask[:n, t0:t1].T.astype(jnp.float32),
                                       h[:, :n], c[:, :n])
             h, c = h.at[:, :n].set(hn), c.at[:, :n].set(cn)

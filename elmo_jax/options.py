@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 
 from elmo_jax.files import read_json, write_json
 
@@ -65,8 +66,9 @@ class CharCNNOptions:
 @dataclasses.dataclass(frozen=True)
 class ElmoOptions:
     """Every field of bilm-tf's options.json. Model fields are nested as in the
-    JSON (`options.lstm.dim`); training fields sit at the top level. Top-level
-    fields that bilm-tf does not know are kept, in order and JSON-encoded, in
+    JSON (`options.lstm.dim`); training fields sit at the top level, and every
+    one of them is used by training here. Top-level fields that bilm-tf does not
+    know are named in one warning and kept, in order and JSON-encoded, in
     `extra` so that a file round-trips."""
 
     lstm: LSTMOptions = LSTMOptions()
@@ -80,6 +82,8 @@ class ElmoOptions:
     n_epochs: int = 10
     n_train_tokens: int | None = None
     all_clip_norm_val: float = 10.0
+    learning_rate: float | None = None    # bilm-tf's Adagrad rate (None: the config's train one)
+    sample_softmax: bool | None = None    # False: train with the full softmax (None: sampled)
     extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
@@ -114,6 +118,10 @@ class ElmoOptions:
         known = {f.name for f in dataclasses.fields(cls)} - {"lstm", "char_cnn", "extra"}
         top = {k: d.pop(k) for k in list(d) if k in known}
         extra = tuple((k, json.dumps(v)) for k, v in d.items())
+        if extra:
+            warnings.warn(f"options: field(s) that bilm-tf does not define, not used here: "
+                          f"{', '.join(k for k, _ in extra)} (kept when the options are "
+                          "written back)", stacklevel=2)
         return cls(lstm=lstm, char_cnn=char_cnn, extra=extra, **top)
 
     def to_dict(self) -> dict:
@@ -234,3 +242,7 @@ def _validate(o: ElmoOptions) -> None:
            "n_train_tokens", f"must be a positive integer, got {o.n_train_tokens!r}")
     _check(_is_num(o.all_clip_norm_val) and o.all_clip_norm_val > 0, "all_clip_norm_val",
            f"must be a positive number, got {o.all_clip_norm_val!r}")
+    _check(o.learning_rate is None or (_is_num(o.learning_rate) and o.learning_rate > 0),
+           "learning_rate", f"must be a positive number, got {o.learning_rate!r}")
+    _check(o.sample_softmax is None or isinstance(o.sample_softmax, bool), "sample_softmax",
+           f"must be true or false, got {o.sample_softmax!r}")

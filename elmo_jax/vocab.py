@@ -12,7 +12,7 @@ from typing import Iterable
 
 import numpy as np
 
-from elmo_jax.files import write_text
+from elmo_jax.files import split_lines, write_text
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 SPECIALS = (BOS, EOS, UNK)
@@ -54,9 +54,7 @@ class Vocabulary:
         if not os.path.exists(path):
             raise FileNotFoundError(f"vocabulary file not found: {path} (build one with "
                                     "`python train.py vocab --train_files GLOB --out PATH`)")
-        with open(path, encoding="utf-8") as fh:
-            words = [line.strip() for line in fh]
-        words = [w for w in words if w and w != "!!!MAXTERMID"]
+        words = read_word_list(path)
         if not words:
             raise VocabError(f"{path}: the vocabulary file is empty")
         try:
@@ -73,8 +71,13 @@ def read_word_list(path: str | os.PathLike) -> list[str]:
     special tokens), for caching token vectors."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"word list not found: {path}")
-    with open(path, encoding="utf-8") as fh:
-        return [w for w in (line.strip() for line in fh) if w and w != "!!!MAXTERMID"]
+    with open(path, encoding="utf-8", newline="") as fh:  # lines end at "\n" only
+        try:
+            text = fh.read()
+        except UnicodeDecodeError as e:
+            raise VocabError(f"{path}: not valid UTF-8 ({e}); convert the file to UTF-8") from None
+    return [w for w in (line.strip() for line in split_lines(text))
+            if w and w != "!!!MAXTERMID"]
 
 
 def count_tokens(sentences: Iterable[list[str]]) -> collections.Counter:

@@ -10,15 +10,22 @@ This is the only module that knows TensorFlow's dataset names, its gate order
     CNN_proj/W_proj, CNN_proj/b_proj            [F, P], [P]
     RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/W_0    [P_in + P, 4D]
     RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/B      [4D]  (forget bias +1 not stored)
-    RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/W_P_0  [D, P]
+    RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/W_P_0  [D, P]  (none when D == P: no projection)
 
 d is 0 for the forward and 1 for the backward direction. All matrices are
 `x @ W`. The softmax is not part of the format (bilm-tf's `dump_weights` leaves
-it out). Loading then saving reproduces every dataset bit for bit.
+it out); `save_softmax` / `load_softmax` keep it in a file of its own, with the
+names of bilm-tf's checkpoint:
+
+    softmax/W  [V, P]   (logits = h @ W.T + b)
+    softmax/b  [V]
+
+Loading then saving reproduces every dataset bit for bit.
 """
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 
 import h5py
@@ -58,7 +65,8 @@ def expected_shapes(options: ElmoOptions) -> dict[str, tuple[int, ...]]:
         for layer in range(lo.n_layers):
             shapes[_lstm_name(d, layer, "W_0")] = (P + P, 4 * D)
             shapes[_lstm_name(d, layer, "B")] = (4 * D,)
-            shapes[_lstm_name(d, layer, "W_P_0")] = (D, P)
+            if D != P:  # bilm-tf makes no projection (and no W_P_0) when D == P
+                shapes[_lstm_name(d, layer, "W_P_0")] = (D, P)
     return shapes
 
 
@@ -93,7 +101,8 @@ def params_to_datasets(params: dict, options: ElmoOptions) -> dict[str, np.ndarr
             w0 = np.concatenate([lp["w_in"][d], lp["w_h"][d]], axis=0)
             out[_lstm_name(d, layer, "W_0")] = _permute_gates(w0)
             out[_lstm_name(d, layer, "B")] = _permute_gates(lp["b"][d])
-            out[_lstm_name(d, layer, "W_P_0")] = lp["w_proj"][d]
+            if "w_proj" in lp:
+                out[_lstm_name(d, layer, "W_P_0")] = lp["w_proj"][d]
     return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
 
 
@@ -117,13 +126,17 @@ def datasets_to_params(ds: dict[str, np.ndarray], options: ElmoOptions) -> dict:
             "w_in": np.stack([w[:P] for w in w0]),
             "w_h": np.stack([w[P:] for w in w0]),
             "b": np.stack([_permute_gates(ds[_lstm_name(d, layer, "B")]) for d in range(2)]),
-            "w_proj": np.stack([ds[_lstm_name(d, layer, "W_P_0")] for d in range(2)]),
         }
+        if options.lstm.dim != P:
+            lstm[f"layer_{layer}"]["w_proj"] = np.stack(
+                [ds[_lstm_name(d, layer, "W_P_0")] for d in range(2)])
     return {"char_encoder": enc, "lstm": lstm}
 
 
 def read_datasets(path: str | os.PathLike, options: ElmoOptions) -> dict[str, np.ndarray]:
-    """Read and check every dataset that `options` calls for."""
+    """Read and check every dataset that `options` calls for: present, of the
+    expected shape, floating point, readable to the end (a truncated file names
+    the dataset it breaks in); NaN or inf values are warned about by name."""
     shapes = expected_shapes(options)
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -131,7 +144,7 @@ def read_datasets(path: str | os.PathLike, options: ElmoOptions) -> dict[str, np
     try:
         fh = h5py.File(path, "r")
     except OSError as e:
-        raise WeightsError(f"{path}: not a readable hdf5 file ({e})") from None
+        raise WeightsError(f"{path}: not a readable hdf5 file, or truncated ({e})") from None
     out = {}
     with fh:
         # bilm-tf leaves CNN_proj out when n_filters == projection_dim; an
@@ -141,19 +154,37 @@ def read_datasets(path: str | os.PathLike, options: ElmoOptions) -> dict[str, np
             out["CNN_proj/W_proj"] = np.eye(F, dtype=np.float32)
             out["CNN_proj/b_proj"] = np.zeros(F, np.float32)
         for name, shape in shapes.items():
-            if name in out:
-                continue
-            if name not in fh or not isinstance(fh[name], h5py.Dataset):
-                raise WeightsError(
-                    f"{path}: dataset '{name}' is missing; the options call for shape "
-                    f"{shape} (is this the weight file that goes with these options?)")
-            found = fh[name].shape
-            if found != shape:
-                raise WeightsError(
-                    f"{path}: dataset '{name}' has shape {found}, expected {shape} "
-                    "from the options (is this the weight file that goes with these options?)")
-            out[name] = np.asarray(fh[name][...], dtype=np.float32)
+            if name not in out:
+                out[name] = _read_dataset(fh, path, name, shape)
     return out
+
+
+def _read_dataset(fh, path: str, name: str, shape: tuple) -> np.ndarray:
+    hint = "(is this the weight file that goes with these options?)"
+    try:
+        ds = fh[name] if name in fh else None
+    except (OSError, KeyError, RuntimeError) as e:
+        raise WeightsError(f"{path}: dataset '{name}' cannot be opened ({e}): the file is "
+                           "damaged or truncated") from None
+    if not isinstance(ds, h5py.Dataset):
+        raise WeightsError(f"{path}: dataset '{name}' is missing; the options call for shape "
+                           f"{shape} {hint}")
+    if ds.shape != shape:
+        raise WeightsError(f"{path}: dataset '{name}' has shape {ds.shape}, expected {shape} "
+                           f"from the options {hint}")
+    if ds.dtype.kind != "f":
+        raise WeightsError(f"{path}: dataset '{name}' holds {ds.dtype}, not floating-point "
+                           "weights")
+    try:
+        value = np.asarray(ds[...], dtype=np.float32)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise WeightsError(f"{path}: dataset '{name}' cannot be read ({e}): the file is "
+                           "damaged or truncated") from None
+    bad = int(np.size(value) - np.count_nonzero(np.isfinite(value)))
+    if bad:
+        warnings.warn(f"{path}: dataset '{name}' holds {bad} NaN or infinite value(s); "
+                      "the model's outputs will not be finite", stacklevel=4)
+    return value
 
 
 def load_weights(path: str | os.PathLike, options: ElmoOptions) -> dict:
@@ -179,3 +210,30 @@ def _to_numpy(tree):
     if isinstance(tree, Mapping):
         return {k: _to_numpy(v) for k, v in tree.items()}
     return np.asarray(tree)
+
+
+def save_softmax(path: str | os.PathLike, softmax: dict) -> None:
+    """Write the word softmax ({"w": [V, P], "b": [V]}) in its own hdf5 file."""
+    w, b = np.asarray(softmax["w"], np.float32), np.asarray(softmax["b"], np.float32)
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as fh:
+        fh.create_dataset("softmax/W", data=w)
+        fh.create_dataset("softmax/b", data=b)
+
+
+def load_softmax(path: str | os.PathLike, options: ElmoOptions,
+                 vocab_size: int | None = None) -> dict:
+    """The word softmax {"w": [V, P], "b": [V]}, checked against the options'
+    projection width and, when given, the vocabulary size."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"softmax file not found: {path}")
+    try:
+        fh = h5py.File(path, "r")
+    except OSError as e:
+        raise WeightsError(f"{path}: not a readable hdf5 file, or truncated ({e})") from None
+    with fh:
+        V = vocab_size if vocab_size is not None else (
+            fh["softmax/W"].shape[0] if "softmax/W" in fh else 0)
+        P = options.lstm.projection_dim
+        return {"w": _read_dataset(fh, path, "softmax/W", (V, P)),
+                "b": _read_dataset(fh, path, "softmax/b", (V,))}

@@ -84,3 +84,14 @@ def test_train_py_shorthands_are_config_fields():
                              [f"{path}={json.dumps(value)}"])
         section, field = path.split(".")
         assert getattr(getattr(config, section), field) == value, flag
+
+
+def test_bilm_tf_learning_rate_is_honoured_or_refused():
+    opts = os.path.join(FIXTURES, "options.json")
+    with open(opts) as fh:
+        raw = json.load(fh)
+    config = config_from_dict({"model": dict(raw, learning_rate=0.05)})
+    assert config.train.learning_rate == 0.05
+    assert config_from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="disagree"):
+        config_from_dict({"model": dict(raw, learning_rate=0.05), "train": {"learning_rate": 0.2}})

@@ -10,6 +10,7 @@ import pytest
 
 from elmo_jax import datasets
 from elmo_jax.datasets import brown, common, sotu, wiki_sample, wordnet
+from elmo_jax.files import split_lines
 
 BROWN_LINES = [
     "\n\n\tThe/at jury/nn said/vbd it/pps did/dod not/* find/vb any/dti evidence/nn ./.\n",
@@ -66,7 +67,7 @@ def test_sotu_sentences_and_held_out_years(tmp_path):
     (data / "1790_george_washington_n.json").write_text("{}")
     rec = sotu.prepare(str(tmp_path / "cache"), package_dir=str(tmp_path / "pkg"))
     assert rec["sentences"] == {"train": 3, "heldout": 2}
-    held = open(rec["heldout_file"]).read().splitlines()
+    held = split_lines(open(rec["heldout_file"], newline="").read())
     assert held == ["Mr. Adams spoke .", "Nobody listened ."]
 
 
@@ -99,7 +100,7 @@ def test_wiki_markup_is_stripped(tmp_path):
     dump.write_bytes(bz2.compress(WIKI.encode()))
     rec = wiki_sample.prepare(str(tmp_path / "cache"), dump_path=str(dump))
     assert rec["articles"] == 1
-    assert open(rec["heldout_file"]).read().splitlines() == [
+    assert split_lines(open(rec["heldout_file"], newline="").read()) == [
         "Albedo is the diffuse reflectivity of a surface .", "It is measured from 0 to 1 ."]
 
 

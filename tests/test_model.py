@@ -56,7 +56,8 @@ def ref_lstm(ds, opts, direction, xs, h0=None, c0=None):
     outputs, finals = [], []
     for layer in range(lo["n_layers"]):
         g = f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
-        W, B, WP = ds[f"{g}/W_0"], ds[f"{g}/B"], ds[f"{g}/W_P_0"]
+        W, B = ds[f"{g}/W_0"], ds[f"{g}/B"]
+        WP = ds.get(f"{g}/W_P_0")  # none: bilm-tf's LSTMCell without num_proj
         h = np.zeros(lo["projection_dim"]) if h0 is None else h0[layer]
         c = np.zeros(lo["dim"]) if c0 is None else c0[layer]
         ys = []
@@ -64,7 +65,9 @@ def ref_lstm(ds, opts, direction, xs, h0=None, c0=None):
             i, j, f, o = np.split(np.concatenate([x, h]) @ W + B, 4)
             c = sig(f + 1.0) * c + sig(i) * np.tanh(j)
             c = np.clip(c, -lo["cell_clip"], lo["cell_clip"])
-            h = np.clip((sig(o) * np.tanh(c)) @ WP, -lo["proj_clip"], lo["proj_clip"])
+            h = sig(o) * np.tanh(c)
+            if WP is not None:
+                h = np.clip(h @ WP, -lo["proj_clip"], lo["proj_clip"])
             ys.append(h)
         ys = np.array(ys)
         if lo["use_skip_connections"] and layer > 0:
@@ -111,6 +114,34 @@ def test_embed_matches_float64_reference(tmp_path, skip):
                 np.testing.assert_allclose(out.state.c[layer, d, b], fin[layer][1], atol=2e-5)
         clipped += int(np.sum(np.isclose(np.abs(want[1:, :, :P]), 0.5)))
     assert clipped > 0, "the random weights should make the projection clip bite"
+
+
+def test_model_without_projection_matches_reference_and_round_trips(tmp_path):
+    """lstm.dim == projection_dim: bilm-tf builds no projection and writes no
+    W_P_0; such a file loads, embeds as TF's LSTMCell computes, and is written
+    back in the same layout."""
+    import h5py
+
+    opts = tiny_options_dict(cell_clip=1.0, proj_clip=0.01)  # proj_clip must not apply
+    opts["lstm"]["dim"] = opts["lstm"]["projection_dim"]
+    options = elmo_jax.ElmoOptions.from_dict(opts)
+    ds = random_tf_datasets(options, seed=5)
+    assert not any("W_P_0" in k for k in ds)
+    write_datasets(tmp_path / "w.hdf5", ds)
+    params = elmo_jax.load_weights(tmp_path / "w.hdf5", options)
+    out = elmo_jax.embed(params, elmo_jax.batch_to_char_ids(SENTENCES), options)
+    for b, sentence in enumerate(SENTENCES):
+        want, _ = ref_elmo(ds, opts, sentence)
+        np.testing.assert_allclose(np.asarray(out.layers)[:, b, :len(sentence)], want,
+                                   atol=2e-5, rtol=1e-5)
+    assert float(np.abs(np.asarray(out.layers[1])).max()) > 0.05  # no projection clip at 0.01
+    elmo_jax.save_weights(tmp_path / "back.hdf5", params, options)
+    with h5py.File(tmp_path / "back.hdf5") as a, h5py.File(tmp_path / "w.hdf5") as b:
+        names = []
+        a.visit(lambda n: names.append(n) if isinstance(a[n], h5py.Dataset) else None)
+        assert sorted(names) == sorted(ds)
+        for n in names:
+            np.testing.assert_array_equal(a[n][...], b[n][...])
 
 
 def test_stateful_continuation_matches_reference(tmp_path):

@@ -65,3 +65,14 @@ def test_missing_pieces(tmp_path):
         ElmoOptions.from_json(tmp_path / "bad.json")
     with pytest.raises(FileNotFoundError, match="missing.json"):
         ElmoOptions.from_json(tmp_path / "missing.json")
+
+
+def test_every_bilm_tf_training_option_is_kept_and_unknown_ones_warned(tmp_path):
+    d = dict(BILM_TF_TRAIN_OPTIONS, learning_rate=0.1, sample_softmax=False)
+    o = ElmoOptions.from_dict(d)
+    assert (o.learning_rate, o.sample_softmax, o.n_epochs) == (0.1, False, 10)
+    with pytest.warns(UserWarning, match="not used here: warmup, lr_schedule"):
+        o = ElmoOptions.from_dict(dict(d, warmup=3, lr_schedule="cosine"))
+    assert dict(o.extra) == {"warmup": "3", "lr_schedule": '"cosine"'}
+    with pytest.raises(OptionsError, match="sample_softmax"):
+        ElmoOptions.from_dict(dict(d, sample_softmax="no"))

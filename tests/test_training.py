@@ -1,6 +1,7 @@
 """Training end to end: it learns, it shards, it resumes exactly, it exports,
 and it fails clearly. Marked e2e: these train (tiny) models."""
 import collections
+import dataclasses
 import glob
 import hashlib
 import json
@@ -19,7 +20,7 @@ import pytest
 import elmo_jax
 from conftest import FIXTURES, REPO, write_grammar_corpus
 from elmo_jax import training
-from elmo_jax.config import DataConfig, load_config
+from elmo_jax.config import ConfigError, DataConfig, load_config
 from elmo_jax.data import DataError, read_sentences
 from elmo_jax.vocab import VocabError
 
@@ -264,3 +265,26 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     state = training.restore_latest(work).state
     assert int(state.step) == bad_step - 1, str(e.value)
     assert all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(state.params))
+
+
+def test_a_model_without_projection_trains_and_exports(tmp_path):
+    """lstm.dim == projection_dim (bilm-tf: no projection, no W_P_0)."""
+    files = write_grammar_corpus(tmp_path / "data")
+    config = tiny(max_steps=2)
+    config = config.replace(model=config.model.replace(
+        lstm=dataclasses.replace(config.model.lstm, dim=config.model.lstm.projection_dim)))
+    run(config, files["train.txt"], files["vocab.txt"], tmp_path / "run")
+    training.export(str(tmp_path / "run"), str(tmp_path / "out"))
+    exported = elmo_jax.load_export(tmp_path / "out")
+    assert "w_proj" not in exported.params["lstm"]["layer_0"]
+    out = elmo_jax.embed(exported.params, elmo_jax.batch_to_char_ids([["the", "dog"]]),
+                         exported.options)
+    assert np.isfinite(np.asarray(out.layers)).all() and np.abs(np.asarray(out.layers)).max() > 0
+
+
+def test_n_tokens_vocab_that_contradicts_the_vocabulary_is_refused(tmp_path):
+    files = write_grammar_corpus(tmp_path / "data")
+    config = tiny(max_steps=1)
+    config = config.replace(model=config.model.replace(n_tokens_vocab=793471))
+    with pytest.raises(ConfigError, match="n_tokens_vocab 793471"):
+        run(config, files["train.txt"], files["vocab.txt"], tmp_path / "run")

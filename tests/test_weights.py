@@ -98,3 +98,46 @@ def test_file_without_projection_when_filters_equal_projection(tmp_path):
         del fh["CNN_proj"]
     loaded = elmo_jax.load_weights(tmp_path / "w.hdf5", options)
     np.testing.assert_array_equal(loaded["char_encoder"]["proj"]["kernel"], np.eye(8))
+
+
+def _fixture_copy(fixture_dir, tmp_path, edit=None):
+    """The fixture weights rewritten with `edit(datasets)` applied."""
+    datasets = _read_all(os.path.join(fixture_dir, "lm_weights.hdf5"))
+    if edit:
+        edit(datasets)
+    path = tmp_path / "w.hdf5"
+    with h5py.File(path, "w") as fh:
+        for name, value in datasets.items():
+            fh.create_dataset(name, data=value)
+    return path
+
+
+def test_hostile_weight_files_name_the_dataset(fixture_dir, tmp_path):
+    options = elmo_jax.ElmoOptions.from_json(os.path.join(fixture_dir, "options.json"))
+    name = "CNN_high_0/W_carry"
+
+    def as_int(ds):
+        ds[name] = ds[name].astype(np.int32)
+    with pytest.raises(WeightsError, match=f"'{name}' holds int32"):
+        elmo_jax.load_weights(_fixture_copy(fixture_dir, tmp_path, as_int), options)
+
+    def as_text(ds):
+        ds[name] = np.array([b"x"] * 3)
+    with pytest.raises(WeightsError, match=f"'{name}' has shape"):
+        elmo_jax.load_weights(_fixture_copy(fixture_dir, tmp_path, as_text), options)
+
+    def with_nan(ds):
+        ds[name] = ds[name].copy()
+        ds[name][0, 0] = np.nan
+        ds[name][1, 1] = np.inf
+    with pytest.warns(UserWarning, match=f"'{name}' holds 2 NaN or infinite"):
+        elmo_jax.load_weights(_fixture_copy(fixture_dir, tmp_path, with_nan), options)
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.6, 0.9])
+def test_truncated_weight_file_is_a_clear_error(fixture_dir, tmp_path, keep):
+    options = elmo_jax.ElmoOptions.from_json(os.path.join(fixture_dir, "options.json"))
+    data = open(os.path.join(fixture_dir, "lm_weights.hdf5"), "rb").read()
+    (tmp_path / "cut.hdf5").write_bytes(data[:int(len(data) * keep)])
+    with pytest.raises(WeightsError, match="truncated"):
+        elmo_jax.load_weights(tmp_path / "cut.hdf5", options)

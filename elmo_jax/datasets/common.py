@@ -17,6 +17,8 @@ import tarfile
 import tempfile
 import zipfile
 
+from elmo_jax.files import split_lines
+
 
 class RecipeError(RuntimeError):
     """A recipe cannot run here; the message says what to install or do."""
@@ -138,7 +140,7 @@ class Tokenizer:
 
     def sentences(self, text: str) -> list[list[str]]:
         out = []
-        for paragraph in text.splitlines():
+        for paragraph in split_lines(text):
             for s in split_sentences(paragraph):
                 toks = self.words(s)
                 if toks:

@@ -29,7 +29,7 @@ def prepare(cache_dir: str | None = None, package_dir: str | None = None,
     tok = common.Tokenizer()
     train, held = [], []
     for name in files:
-        with open(os.path.join(data_dir, name), encoding="utf-8") as fh:
+        with open(os.path.join(data_dir, name), encoding="utf-8", newline="") as fh:
             sentences = tok.sentences(fh.read())
         (held if int(_NAME.match(name).group(1)) % 10 == 5 else train).extend(sentences)
     n_train = common.write_shards(out, "train", train, n_shards)

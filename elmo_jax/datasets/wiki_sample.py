@@ -15,6 +15,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from elmo_jax.datasets import common
+from elmo_jax.files import split_lines
 
 PIP_SPEC = "gensim==4.4.0"
 VERSION = 1
@@ -51,7 +52,7 @@ def strip_markup(text: str) -> str:
         for pattern, repl in _SUBS:
             text = pattern.sub(repl, text)
     keep = []
-    for line in text.splitlines():
+    for line in split_lines(text):
         line = line.strip()
         if not line or line[0] in "=*#:;|!{}" or line.startswith("----"):
             continue
@@ -83,7 +84,7 @@ def prepare(cache_dir: str | None = None, dump_path: str | None = None) -> dict:
     sentences, n_articles = [], 0
     for _, text in articles(dump_path):
         n_articles += 1
-        for paragraph in strip_markup(text).splitlines():
+        for paragraph in split_lines(strip_markup(text)):
             sentences.extend(s for s in tok.sentences(paragraph) if len(s) > 2)
     if not sentences:
         raise common.RecipeError(f"no article text in {dump_path}")

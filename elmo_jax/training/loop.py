@@ -69,6 +69,11 @@ def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bo
     with `data.init_from`, else the config's; sized to the vocabulary."""
     pretrained = None
     model = config.model
+    if model.n_tokens_vocab is not None and model.n_tokens_vocab != len(vocab):
+        raise ConfigError(f"the options say n_tokens_vocab {model.n_tokens_vocab} but the "
+                          f"vocabulary {config.data.vocab_file} has {len(vocab)} entries: remove "
+                          "n_tokens_vocab (it is set from the vocabulary) or use the matching "
+                          "vocabulary")
     if resuming:
         saved, saved_vocab = read_run(workdir)
         if not saved.model.same_model(model):
@@ -106,15 +111,18 @@ def _batcher(config: Config, vocab: Vocabulary, mesh, source=None) -> data_lib.B
 
 
 def _max_steps(config: Config) -> float:
+    """train.max_steps, else bilm-tf's n_epochs over n_train_tokens, else no
+    limit but train.max_seconds (which always applies when set)."""
     options, train = config.model, config.train
     if train.max_steps is not None:
         return train.max_steps
+    if options.n_train_tokens:
+        return options.n_epochs * (options.n_train_tokens
+                                   // (options.batch_size * options.unroll_steps))
     if train.max_seconds is not None:
-        return math.inf  # the time limit ends the run
-    if not options.n_train_tokens:
-        raise ConfigError("give train.max_steps, train.max_seconds, or n_train_tokens and "
-                          "n_epochs in the model options")
-    return options.n_epochs * (options.n_train_tokens // (options.batch_size * options.unroll_steps))
+        return math.inf
+    raise ConfigError("give train.max_steps, train.max_seconds, or n_train_tokens and "
+                      "n_epochs in the model options")
 
 
 @contextlib.contextmanager

@@ -105,14 +105,15 @@ def _direction_means(losses, mask):
 
 
 def loss_fn(params, batch, lstm_state, rng, options: ElmoOptions, config: TrainConfig):
-    """(total loss, (per-direction losses [2], new LSTM state)); sampled softmax
-    when it samples fewer classes than the vocabulary holds, else the full one."""
+    """(total loss, (per-direction losses [2], new LSTM state)); the sampled
+    softmax when it samples fewer classes than the vocabulary holds, else (or
+    with bilm-tf's `sample_softmax: false`) the full one."""
     top, new_state = top_layer(params, batch, lstm_state, options, config, rng)
     hidden = top.reshape(2, -1, options.lstm.projection_dim)
     labels = batch["targets"].reshape(2, -1)
     w, b = params["softmax"]["w"], params["softmax"]["b"]
     S = options.n_negative_samples_batch
-    if S < w.shape[0]:
+    if options.sample_softmax is not False and S < w.shape[0]:
         keys = jax.random.split(jax.random.fold_in(rng, 2), 2)  # one sampler per direction
         losses = jax.vmap(lambda k, h, y: sampled_softmax(k, w, b, h, y, S))(keys, hidden, labels)
     else:

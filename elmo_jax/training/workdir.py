@@ -121,9 +121,10 @@ def restore_latest(workdir: str, devices=None) -> Restored:
 
 def export(workdir: str, out_dir: str) -> dict:
     """The newest checkpoint as an export folder (`export.py`): bilm-tf's /
-    AllenNLP's format, with the vocabulary."""
+    AllenNLP's format, with the vocabulary and the softmax (for scoring)."""
     run = restore_latest(workdir)
-    export_lib.save_export(out_dir, run.state.params["bilm"], run.config.model, run.vocab)
+    export_lib.save_export(out_dir, run.state.params["bilm"], run.config.model, run.vocab,
+                           softmax=run.state.params["softmax"])
     return {"step": int(run.state.step), "out_dir": out_dir}
 
 
@@ -142,7 +143,8 @@ def load_pretrained(init_from: str, vocab: Vocabulary) -> Pretrained:
         return Pretrained(run.config.model, run.state.params["bilm"],
                           run.state.params["softmax"] if same else None)
     exported = export_lib.load_export(init_from)
-    return Pretrained(exported.options, exported.params, None)
+    same = exported.vocab is not None and exported.vocab.words == vocab.words
+    return Pretrained(exported.options, exported.params, exported.softmax if same else None)
 
 
 class MetricsLog:

@@ -1,0 +1,47 @@
+"""The pure train and eval steps: bilm-tf's `sample_softmax: false` trains on
+the exact full softmax, which equals the evaluation loss of the same parameters
+on the same batch (no dropout)."""
+import collections
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import grammar_sentences, tiny_options_dict
+from elmo_jax import ElmoOptions
+from elmo_jax.config import TrainConfig
+from elmo_jax.data import Batcher
+from elmo_jax.model import init_state
+from elmo_jax.training.steps import eval_step, init_train_state, loss_fn
+from elmo_jax.vocab import build_vocab
+
+
+def _setup(sample_softmax):
+    sentences = grammar_sentences(40, 0)
+    vocab = build_vocab(collections.Counter(w for s in sentences for w in s))
+    options = ElmoOptions.from_dict(dict(tiny_options_dict(), dropout=0.0, batch_size=4,
+                                         unroll_steps=6, n_negative_samples_batch=8,
+                                         sample_softmax=sample_softmax))
+    config = TrainConfig()
+    state = init_train_state(options, config, len(vocab))
+    batch = next(Batcher(iter(sentences), vocab, options.batch_size, options.unroll_steps))
+    return options, config, state, batch, len(vocab)
+
+
+def test_full_softmax_training_loss_equals_the_eval_loss():
+    options, config, state, batch, V = _setup(sample_softmax=False)
+    assert options.n_negative_samples_batch < V  # the option, not the size, picks the full one
+    rng = jax.random.PRNGKey(3)
+    loss, (per_dir, _) = loss_fn(state.params, batch, state.lstm_state, rng, options, config)
+    _, nll, n = eval_step(state.params, init_state(options, options.batch_size), batch,
+                          options=options, config=config)
+    np.testing.assert_allclose(np.asarray(per_dir), np.asarray(nll) / float(n), rtol=1e-5)
+    assert float(loss) == pytest.approx(0.5 * float(np.sum(nll)) / float(n), rel=1e-5)
+
+
+def test_sampled_softmax_is_the_default():
+    options, config, state, batch, _ = _setup(sample_softmax=None)
+    rng = jax.random.PRNGKey(3)
+    loss, _ = loss_fn(state.params, batch, state.lstm_state, rng, options, config)
+    _, nll, n = eval_step(state.params, state.lstm_state, batch, options=options, config=config)
+    assert abs(float(loss) - 0.5 * float(np.sum(nll)) / float(n)) > 1e-3
