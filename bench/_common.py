@@ -31,12 +31,7 @@ def load_config(name: str):
     sys.path.insert(0, REPO)
     from elmo_jax.config import load_config as load
 
-    path = name if name.endswith(".json") else os.path.join(REPO, "configs", f"{name}.json")
-    return load(path)
-
-
-def config_names() -> list[str]:
-    return sorted(f[:-5] for f in os.listdir(os.path.join(REPO, "configs")) if f.endswith(".json"))
+    return load(name)
 
 
 def peer_dir(name: str) -> str:

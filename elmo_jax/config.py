@@ -151,8 +151,24 @@ def apply_overrides(d: dict, overrides: Sequence[str]) -> dict:
     return d
 
 
+PACKAGED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def config_path(name: str | os.PathLike) -> str:
+    """A config file's path; a bare name (`tiny`, `original`) is one of the
+    configs shipped in the package (`configs/` in a checkout)."""
+    path = os.fspath(name)
+    if not os.path.exists(path) and os.sep not in path and not path.endswith(".json"):
+        packaged = os.path.join(PACKAGED, f"{path}.json")
+        if os.path.exists(packaged):
+            return packaged
+    return path
+
+
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
-    """Read a config file (or a bare options.json) and apply `overrides`."""
+    """Read a config file (or a bare options.json, or a shipped config by name)
+    and apply `overrides`."""
+    path = config_path(path)
     d = read_json(path, "config file", ConfigError)
     try:
         return config_from_dict(apply_overrides(d, overrides))

@@ -139,14 +139,8 @@ def read_datasets(path: str | os.PathLike, options: ElmoOptions) -> dict[str, np
     the dataset it breaks in); NaN or inf values are warned about by name."""
     shapes = expected_shapes(options)
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"weight file not found: {path}")
-    try:
-        fh = h5py.File(path, "r")
-    except OSError as e:
-        raise WeightsError(f"{path}: not a readable hdf5 file, or truncated ({e})") from None
     out = {}
-    with fh:
+    with _open(path, "weight file") as fh:
         # bilm-tf leaves CNN_proj out when n_filters == projection_dim; an
         # identity projection is the same function.
         if "CNN_proj" not in fh and options.char_cnn.n_filters == options.lstm.projection_dim:
@@ -157,6 +151,15 @@ def read_datasets(path: str | os.PathLike, options: ElmoOptions) -> dict[str, np
             if name not in out:
                 out[name] = _read_dataset(fh, path, name, shape)
     return out
+
+
+def _open(path: str, what: str) -> h5py.File:
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise WeightsError(f"{path}: not a readable hdf5 file, or truncated ({e})") from None
 
 
 def _read_dataset(fh, path: str, name: str, shape: tuple) -> np.ndarray:
@@ -225,13 +228,7 @@ def load_softmax(path: str | os.PathLike, options: ElmoOptions,
     """The word softmax {"w": [V, P], "b": [V]}, checked against the options'
     projection width and, when given, the vocabulary size."""
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"softmax file not found: {path}")
-    try:
-        fh = h5py.File(path, "r")
-    except OSError as e:
-        raise WeightsError(f"{path}: not a readable hdf5 file, or truncated ({e})") from None
-    with fh:
+    with _open(path, "softmax file") as fh:
         V = vocab_size if vocab_size is not None else (
             fh["softmax/W"].shape[0] if "softmax/W" in fh else 0)
         P = options.lstm.projection_dim

@@ -71,13 +71,16 @@ def test_bad_files_are_clear(tmp_path):
         load_config(tmp_path / "missing.json")
 
 
+def test_a_shipped_config_can_be_named():
+    assert load_config("tiny") == load_config(os.path.join(REPO, "configs", "tiny.json"))
+    with pytest.raises(FileNotFoundError, match="config file not found: nosuch"):
+        load_config("nosuch")
+
+
 def test_train_py_shorthands_are_config_fields():
     """Every flag train.py offers as a shorthand sets a real config field."""
-    import importlib.util
+    from elmo_jax.cli import train as cli
 
-    spec = importlib.util.spec_from_file_location("train_cli", os.path.join(REPO, "train.py"))
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
     for flag, (path, _) in cli.SHORTHANDS.items():
         value = {"source": "lm1b"}.get(flag, 7 if flag in cli.TYPES else "x")
         config = load_config(os.path.join(REPO, "configs", "tiny.json"),

@@ -32,12 +32,16 @@ def help_text(argv):
 
 def check_flags(cmd):
     words = shlex.split(cmd)
+    if words[0] == "elmo-jax":  # the installed command is `python -m elmo_jax`
+        words = ["python", "-m", "elmo_jax"] + words[1:]
     assert words[0] == "python", cmd
-    if words[1] == "-m":
+    if words[1:3] == ["-m", "elmo_jax"]:
+        target = words[1:4]
+    elif words[1] == "-m":
         target = words[1:3]
     else:
         assert os.path.exists(os.path.join(REPO, words[1])), cmd
-        target = words[1:3] if len(words) > 2 and words[2] in ("export", "eval", "vocab") \
+        target = words[1:3] if len(words) > 2 and words[2] in ("export", "eval", "vocab", "score") \
             else words[1:2]
     usage = help_text(target)
     for flag in (w for w in words if w.startswith("--")):

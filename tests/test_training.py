@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -288,3 +289,15 @@ def test_n_tokens_vocab_that_contradicts_the_vocabulary_is_refused(tmp_path):
     config = config.replace(model=config.model.replace(n_tokens_vocab=793471))
     with pytest.raises(ConfigError, match="n_tokens_vocab 793471"):
         run(config, files["train.txt"], files["vocab.txt"], tmp_path / "run")
+
+
+def test_a_time_limited_run_shows_its_total_and_eta(tmp_path, capsys):
+    files = write_grammar_corpus(tmp_path / "data")
+    config = tiny(max_seconds=4, log_every=5)
+    config = config.replace(data=DataConfig(train_files=files["train.txt"],
+                                            vocab_file=files["vocab.txt"]))
+    last = training.train_and_evaluate(config, str(tmp_path / "run"), progress=True)
+    err = capsys.readouterr().err
+    assert re.search(r"\|\s*4/4s \[\d\d:\d\d<00:00, .*step=\d+", err), err[-500:]
+    assert "time limit" in err
+    assert last["step"] >= 1 and "train_loss" in last  # the last step is logged

@@ -8,8 +8,10 @@ The tagger (a linear layer, or a small biLSTM with `hidden > 0`) reads one of:
             (the baseline without ELMo)
     random+mix  those word embeddings concatenated with the scalar mix: ELMo
             added to the baseline's input, as the paper uses it
-The biLM is frozen by default: gradients reach only the mix and the tagger;
-`fine_tune=True` also trains the biLM (at `bilm_learning_rate`).
+ELMo comes in as `elmo_jax.modules.ElmoEmbedder`, a linen module whose mix is
+an ordinary parameter. The biLM is frozen by default (its own collection, no
+gradient): gradients reach only the mix and the tagger; `fine_tune=True` also
+trains the biLM (at `bilm_learning_rate`).
 
     python -m elmo_jax.tasks.pos --weights runs/x/export --pos_dir CACHE/brown/pos --mode mix
 """
@@ -31,8 +33,9 @@ import optax
 
 from elmo_jax.chars import batch_to_char_ids
 from elmo_jax.cli import print_result, run_cli
-from elmo_jax.embedding import embed, init_mix
+from elmo_jax.embedding import embed
 from elmo_jax.export import load_export
+from elmo_jax.modules import ElmoEmbedder, init_variables
 from elmo_jax.options import ElmoOptions
 
 MODES = ("mix", "layer0", "top", "random", "random+mix")
@@ -119,40 +122,50 @@ def make_batches(data, tag_index, word_index, batch_size, max_chars=50):
     return batches
 
 
-def _features(trainable, bilm, batch, options, mode, layer_count):
+def _elmo_variables(elmo: ElmoEmbedder, mix: dict, bilm: dict) -> dict:
+    """The module's variables: the mix as its params, the biLM in its own
+    collection (or among the params when fine-tuned)."""
+    if elmo.fine_tune:
+        return {"params": {**mix, "bilm": bilm}}
+    return {"params": mix, "bilm": {"weights": bilm}}
+
+
+def _features(elmo: ElmoEmbedder, trainable, bilm, batch, mode):
     """The tagger's input [B, T, 2P] (random+mix: [B, T, 4P]) for one batch."""
     if mode in ("layer0", "top"):
-        out = embed(bilm, batch["char_ids"], options)
-        return out.layers[0 if mode == "layer0" else layer_count - 1]
+        out = embed(bilm, batch["char_ids"], elmo.options)
+        return out.layers[0 if mode == "layer0" else -1]
     parts = []
     if "random" in mode:
         parts.append(trainable["embed"][batch["word_ids"]])
     if "mix" in mode:
-        parts.append(embed(bilm, batch["char_ids"], options, mix=trainable["mix"]).mixed[0])
+        (mixed,), _ = elmo.apply(_elmo_variables(elmo, trainable["mix"], bilm), batch["char_ids"])
+        parts.append(mixed)
     return jnp.concatenate(parts, axis=-1)
 
 
-def _init_trainable(config: TaggerConfig, options: ElmoOptions, tagger: Tagger, n_words: int,
-                    key: jax.Array) -> dict:
+def _init_trainable(config: TaggerConfig, elmo: ElmoEmbedder, bilm: dict, tagger: Tagger,
+                    n_words: int, key: jax.Array) -> dict:
     """The tagger's parameters, the mix (modes with "mix"), word embeddings ("random")."""
-    W = options.output_dim
+    W = elmo.options.output_dim
     width = 2 * W if config.mode == "random+mix" else W
     trainable = {"tagger": tagger.init(key, jnp.zeros((1, 8, width)),
                                        jnp.ones((1, 8), bool))["params"]}
     if "mix" in config.mode:
-        trainable["mix"] = init_mix(options)
+        ids = elmo.char_ids([["a"]])
+        mix = init_variables(elmo, key, ids, bilm)["params"]
+        trainable["mix"] = {k: v for k, v in mix.items() if k != "bilm"}
     if "random" in config.mode:
         trainable["embed"] = 0.1 * jax.random.normal(jax.random.fold_in(key, 1), (n_words, W))
     return trainable
 
 
-def _make_steps(tagger: Tagger, tx, options: ElmoOptions, config: TaggerConfig):
-    """(train_step, predict), jitted, with `embed` inside both."""
-    K = options.n_output_layers
+def _make_steps(tagger: Tagger, tx, elmo: ElmoEmbedder, config: TaggerConfig):
+    """(train_step, predict), jitted, with ELMo inside both."""
 
     def loss_fn(params, batch, rng):
-        x = _features(params["trainable"], params["bilm"] if config.fine_tune
-                      else jax.lax.stop_gradient(params["bilm"]), batch, options, config.mode, K)
+        x = _features(elmo, params["trainable"], params["bilm"] if config.fine_tune
+                      else jax.lax.stop_gradient(params["bilm"]), batch, config.mode)
         logits = tagger.apply({"params": params["trainable"]["tagger"]}, x, batch["mask"],
                               deterministic=False, rngs={"dropout": rng})
         nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch["tags"])
@@ -167,7 +180,7 @@ def _make_steps(tagger: Tagger, tx, options: ElmoOptions, config: TaggerConfig):
 
     @jax.jit
     def predict(params, batch):
-        x = _features(params["trainable"], params["bilm"], batch, options, config.mode, K)
+        x = _features(elmo, params["trainable"], params["bilm"], batch, config.mode)
         logits = tagger.apply({"params": params["trainable"]["tagger"]}, x, batch["mask"])
         return jnp.argmax(logits, -1)
 
@@ -202,15 +215,17 @@ def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
                for name, d in (("train", train), ("dev", dev), ("test", test))}
     tagger = Tagger(len(tags), config.hidden, config.dropout)
     key = jax.random.PRNGKey(config.seed)
-    trainable = _init_trainable(config, options, tagger, len(words) + 2, key)
-    params = {"trainable": trainable, "bilm": jax.tree.map(jnp.asarray, bilm)}
+    elmo = ElmoEmbedder(options, dropout=0.0, fine_tune=config.fine_tune)
+    bilm = jax.tree.map(jnp.asarray, bilm)
+    trainable = _init_trainable(config, elmo, bilm, tagger, len(words) + 2, key)
+    params = {"trainable": trainable, "bilm": bilm}
     tx = optax.multi_transform(
         {"trainable": optax.adam(config.learning_rate),
          "bilm": optax.adam(config.bilm_learning_rate) if config.fine_tune
          else optax.set_to_zero()},
         {"trainable": "trainable", "bilm": "bilm"})
     opt_state = tx.init(params)
-    train_step, predict = _make_steps(tagger, tx, options, config)
+    train_step, predict = _make_steps(tagger, tx, elmo, config)
     rng = np.random.default_rng(config.seed)
     t0 = time.time()
     best = {"dev_accuracy": -1.0}
@@ -235,9 +250,10 @@ def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
               "train_sentences": len(train), "test_tokens": sum(len(t) for t, _ in test),
               "n_tags": len(tags), "train_seconds": round(time.time() - t0, 1)}
     if "mix" in trainable:
-        w = jax.nn.softmax(best["params"]["trainable"]["mix"]["weights"][0])
-        result["mix_weights"] = [round(float(x), 3) for x in w]
-        result["mix_gamma"] = round(float(best["params"]["trainable"]["mix"]["gamma"][0]), 3)
+        mix = best["params"]["trainable"]["mix"]
+        result["mix_weights"] = [round(float(x), 3)
+                                 for x in jax.nn.softmax(mix["scalar_mix_weights"][0])]
+        result["mix_gamma"] = round(float(mix["gamma"][0]), 3)
     return (result, best["params"]) if return_params else result
 
 
@@ -257,7 +273,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="append the result as a JSON line to this file")
     args = ap.parse_args(argv)
-    options, bilm, _ = load_export(args.weights)
+    exported = load_export(args.weights)
+    options, bilm = exported.options, exported.params
     config = TaggerConfig(mode=args.mode, hidden=args.hidden, epochs=args.epochs,
                           batch_size=args.batch_size, learning_rate=args.learning_rate,
                           fine_tune=args.fine_tune, max_train_sentences=args.max_train_sentences,

@@ -172,6 +172,38 @@ class _Window:
         return out
 
 
+class _Progress:
+    """The progress bar: over steps, or over seconds when only the time limit
+    ends the run (its total and ETA then come from the limit)."""
+
+    def __init__(self, step: int, max_steps: float, max_seconds: float | None, enabled: bool):
+        from tqdm import tqdm
+
+        self.by_time = max_steps == math.inf and max_seconds is not None
+        common = dict(disable=not enabled or jax.process_index() != 0, dynamic_ncols=True,
+                      mininterval=0.5 if sys.stderr.isatty() else 30.0)
+        if self.by_time:
+            self.bar = tqdm(total=max_seconds, unit="s", **common, bar_format=(
+                "{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]"))
+        else:
+            self.bar = tqdm(total=None if max_steps == math.inf else max_steps, initial=step,
+                            unit="step", **common)
+        self.t0, self.postfix = time.time(), {}
+
+    def update(self, step: int, **postfix) -> None:
+        self.postfix.update(postfix)
+        if self.by_time:
+            self.bar.set_postfix(refresh=False, step=step, **self.postfix)
+            self.bar.update(min(time.time() - self.t0, self.bar.total) - self.bar.n)
+        else:
+            if postfix:
+                self.bar.set_postfix(refresh=False, **self.postfix)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def train_and_evaluate(config: Config, workdir: str, progress: bool = True, source=None) -> dict:
     """Train (or resume) in `workdir`; returns the last metrics record.
     `source` replaces the config's sentence source (tests, custom corpora)."""
@@ -211,10 +243,8 @@ def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, las
     last = {"step": step}
     t_start = time.time()
     window = _Window(t_start)
-    bar = tqdm(total=None if max_steps == math.inf else max_steps, initial=step, unit="step",
-               disable=not progress or jax.process_index() != 0, dynamic_ncols=True,
-               mininterval=0.5 if sys.stderr.isatty() else 30.0)
-    with bar:
+    bar = _Progress(step, max_steps, tc.max_seconds, progress)
+    try:
         batch, position = global_batch(next(batcher), mesh), batcher.position()
         while step < max_steps:
             state, metrics = step_fn(state, batch)
@@ -230,20 +260,22 @@ def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, las
                 raise TrainingError(f"the loss became {loss} at step {step}: training stopped "
                                     f"and {kept}. Lower the learning rate or check the data.")
             window.add(loss, int(metrics["tokens"]))
-            bar.update(1)
-            if step % tc.log_every == 0 or step == max_steps:
+            timed_out = tc.max_seconds is not None and time.time() - t_start > tc.max_seconds
+            stopping = bool(stop["signal"]) or timed_out
+            if step % tc.log_every == 0 or step == max_steps or stopping:
                 last = window.record(step, metrics)
                 log.write(last)
-                bar.set_postfix(loss=f"{last['train_loss']:.3f}",
-                                tok_s=f"{last['tokens_per_sec']:.0f}")
-            timed_out = tc.max_seconds is not None and time.time() - t_start > tc.max_seconds
-            if step % tc.checkpoint_every == 0 or stop["signal"] or timed_out:
+                bar.update(step, loss=f"{last['train_loss']:.3f}",
+                           tok_s=f"{last['tokens_per_sec']:.0f}")
+            else:
+                bar.update(step)
+            if step % tc.checkpoint_every == 0 or stopping:
                 save_checkpoint(mngr, state, state_position)
                 last_saved = step
             if eval_files and tc.eval_every and step % tc.eval_every == 0:
                 last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files)}
                 log.write(last)
-            if stop["signal"] or timed_out:
+            if stopping:
                 why = "time limit" if timed_out else signal.Signals(stop["signal"]).name
                 tqdm.write(f"stopped at step {step} ({why}); checkpoint saved. Run the same "
                            "command again to resume.", file=sys.stderr)
@@ -253,4 +285,6 @@ def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, las
         if eval_files and not (tc.eval_every and step % tc.eval_every == 0):
             last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files)}
             log.write(last)
+    finally:
+        bar.close()
     return last

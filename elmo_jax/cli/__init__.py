@@ -1,0 +1,70 @@
+"""The command-line tools: `elmo-jax train|eval|export|vocab|score|embed`
+(installed with the package; `train.py` and `embed.py` in a checkout are the
+same commands). What they share: bad input is a one-line error."""
+from __future__ import annotations
+
+import json
+import sys
+
+from elmo_jax.config import ConfigError
+from elmo_jax.data import DataError
+from elmo_jax.options import OptionsError
+from elmo_jax.vocab import VocabError
+from elmo_jax.weights import WeightsError
+
+
+def run_cli(main) -> None:
+    """Run `main()`; a user error prints `error: ...` and exits with status 2."""
+    from elmo_jax.training import TrainingError
+
+    try:
+        sys.exit(main())
+    except (ConfigError, DataError, OptionsError, VocabError, WeightsError, TrainingError,
+            FileNotFoundError, UnicodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def print_result(result: dict, out: str | None = None) -> None:
+    """Print a result as one JSON line; with `out`, also append it there."""
+    line = json.dumps(result)
+    if out:
+        with open(out, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+    print(line)
+
+
+COMMANDS = {"train": "train", "eval": "train", "export": "train", "vocab": "train",
+            "score": "train", "embed": "embed"}
+
+
+def main(argv=None) -> None:
+    """`elmo-jax COMMAND ...`: dispatch to the command's own parser."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        print("usage: elmo-jax {" + ",".join(COMMANDS) + "} ...  (elmo-jax COMMAND --help)",
+              file=sys.stderr)
+        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    command, rest = argv[0], argv[1:]
+    prog = f"elmo-jax {command}"
+    if COMMANDS[command] == "embed":
+        from elmo_jax.cli import embed as module
+    else:
+        from elmo_jax.cli import train as module
+        if command != "train":  # train's subcommands name themselves
+            rest, prog = [command] + rest, "elmo-jax"
+    run_cli(lambda: module.main(rest, prog=prog))
+
+
+def train_command() -> None:
+    """`elmo-jax-train`: the same as `elmo-jax train` (and `python train.py`)."""
+    from elmo_jax.cli import train
+
+    run_cli(train.main)
+
+
+def embed_command() -> None:
+    """`elmo-jax-embed`: the same as `elmo-jax embed` (and `python embed.py`)."""
+    from elmo_jax.cli import embed
+
+    run_cli(embed.main)

@@ -1,0 +1,142 @@
+"""Pretrain, evaluate, export and score with an ELMo biLM (a thin shell over
+elmo_jax.training and elmo_jax.scoring). Installed as `elmo-jax train|eval|
+export|vocab|score`; in a checkout, `python train.py ...`.
+
+  python train.py --config configs/tiny.json --train_files 'data/*.txt' \\
+      --vocab_file vocab.txt --workdir runs/tiny [--eval_files GLOB] [--max_steps N] \\
+      [--init_from WEIGHTS_HDF5_OR_EXPORT_OR_WORKDIR] [--set train.learning_rate=0.1 ...]
+  python train.py export --workdir runs/tiny --out runs/tiny/export
+  python train.py eval   --workdir runs/tiny --eval_files 'heldout/*.txt'
+  python train.py vocab  --train_files 'data/*.txt' --out vocab.txt [--max_vocab N] [--min_count N]
+  python train.py score  --model runs/tiny/export --input sentences.txt --output scores.jsonl
+
+A run is one config file (model, train, data; see elmo_jax/config.py); `--set
+PATH=VALUE` overrides any field, and the flags below are shorthands for the
+common ones. The workdir keeps the resolved config (config.json). Rerunning the
+same training command resumes from the latest checkpoint in --workdir. SIGTERM
+or Ctrl-C saves a checkpoint and stops.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+# flag -> config path: the flags users already type, as shorthands for --set
+SHORTHANDS = {
+    "train_files": ("data.train_files", "glob of sentence-per-line text files"),
+    "vocab_file": ("data.vocab_file", "bilm-tf vocabulary (see `train.py vocab`)"),
+    "eval_files": ("data.eval_files", "glob of held-out files for perplexity"),
+    "init_from": ("data.init_from", "fine-tune: a weights.hdf5 (options.json beside it), "
+                                    "an export folder or a training workdir"),
+    "source": ("data.source", "text (the default: --train_files) or lm1b (TensorFlow "
+                              "Datasets' One Billion Word Benchmark)"),
+    "max_steps": ("train.max_steps", "stop after this many steps"),
+    "max_seconds": ("train.max_seconds", "stop (and checkpoint) after this long"),
+    "seed": ("train.seed", None),
+    "eval_every": ("train.eval_every", None),
+    "checkpoint_every": ("train.checkpoint_every", None),
+    "log_every": ("train.log_every", None),
+    "batch_size": ("model.batch_size", "override the model options' batch_size"),
+}
+TYPES = {"max_steps": int, "max_seconds": float, "seed": int, "eval_every": int,
+         "checkpoint_every": int, "log_every": int, "batch_size": int}
+
+
+def _train(argv, prog):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True,
+                    help="configs/NAME.json (or a bilm-tf options.json on its own)")
+    ap.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, config.json")
+    for flag, (path, help_) in SHORTHANDS.items():
+        ap.add_argument(f"--{flag}", type=TYPES.get(flag, str),
+                        choices=["text", "lm1b"] if flag == "source" else None,
+                        help=f"{help_ + ' ' if help_ else ''}(= --set {path}=...)")
+    ap.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                    help="override any config field, e.g. train.learning_rate=0.1 or "
+                         "model.lstm.dim=512 (repeatable)")
+    ap.add_argument("--distributed", action="store_true",
+                    help="multi-host: call jax.distributed.initialize() (reads the cluster "
+                         "from the environment, or --coordinator_address etc.)")
+    ap.add_argument("--coordinator_address")
+    ap.add_argument("--num_processes", type=int)
+    ap.add_argument("--process_id", type=int)
+    ap.add_argument("--no_progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    import jax
+
+    if args.distributed or args.coordinator_address:
+        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+    from elmo_jax.config import load_config
+    from elmo_jax.training import train_and_evaluate
+
+    overrides = [f"{path}={json.dumps(getattr(args, flag))}"
+                 for flag, (path, _) in SHORTHANDS.items() if getattr(args, flag) is not None]
+    config = load_config(args.config, args.set + overrides)
+    last = train_and_evaluate(config, args.workdir, progress=not args.no_progress)
+    print(json.dumps(last))
+
+
+def _export(argv, prog):
+    ap = argparse.ArgumentParser(prog=prog)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--out", required=True,
+                    help="directory for options.json + weights.hdf5 + vocab.txt")
+    args = ap.parse_args(argv)
+    from elmo_jax.training import export
+
+    print(json.dumps(export(args.workdir, args.out)))
+
+
+def _eval(argv, prog):
+    ap = argparse.ArgumentParser(prog=prog)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--eval_files", required=True)
+    args = ap.parse_args(argv)
+    from elmo_jax.training import evaluate_workdir
+
+    print(json.dumps(evaluate_workdir(args.workdir, args.eval_files)))
+
+
+def _vocab(argv, prog):
+    ap = argparse.ArgumentParser(prog=prog)
+    ap.add_argument("--train_files", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--max_vocab", type=int, help="entries in all, the 3 specials included")
+    ap.add_argument("--min_count", type=int, default=1)
+    args = ap.parse_args(argv)
+    from elmo_jax import data
+
+    v, stats = data.vocab_from_files(args.train_files, args.max_vocab, args.min_count)
+    v.to_file(args.out)
+    print(json.dumps({"out": args.out, **stats}))
+
+
+def _score(argv, prog):
+    ap = argparse.ArgumentParser(prog=prog, description=(
+        "Each line's log-probability under the forward and backward LMs (full softmax), one "
+        "JSON line per input line (blank lines included): tokens, forward_logprob, "
+        "backward_logprob, logprob (their mean, natural log), forward_ppl, backward_ppl, ppl."))
+    ap.add_argument("--model", required=True,
+                    help="an export folder (train.py export: with softmax.hdf5 and vocab.txt) "
+                         "or a training workdir")
+    ap.add_argument("--input", required=True, help="UTF-8 text, one tokenised sentence a line")
+    ap.add_argument("--output", required=True, help="JSON lines to write")
+    ap.add_argument("--batch_size", type=int, default=32)
+    ap.add_argument("--stateful", action="store_true",
+                    help="carry the LSTM state from line to line (as train.py eval reads)")
+    args = ap.parse_args(argv)
+    from elmo_jax.scoring import score_file
+
+    print(json.dumps(score_file(args.model, args.input, args.output, args.batch_size,
+                                args.stateful)))
+
+
+def main(argv=None, prog: str = "train.py"):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"export": _export, "eval": _eval, "vocab": _vocab, "score": _score}
+    if argv and argv[0] in commands:
+        return commands[argv[0]](argv[1:], f"{prog} {argv[0]}")
+    return _train(argv, prog)

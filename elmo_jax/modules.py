@@ -1,0 +1,143 @@
+"""ELMo as a Flax module, the way AllenNLP's `Elmo` sits in a PyTorch model:
+character ids in, `n_mixes` learned scalar mixes of the biLM layers (and the
+mask) out. The mixes (and their optional layer norm) are the module's
+parameters; the biLM weights live in a collection of their own and receive no
+gradient unless `fine_tune=True`.
+
+Linen:
+
+    embedder = ElmoEmbedder.from_export("runs/x/export", n_mixes=1)
+    variables = embedder.init(rng, char_ids)                   # loads the weights
+    (mixed,), mask = embedder.apply(variables, char_ids)       # [B, T, 2P], [B, T]
+
+`variables["params"]` holds the mix; `variables["bilm"]["weights"]` the biLM
+(in `"params"` with `fine_tune=True`). `init_variables` builds them from
+weights already in memory. NNX: `NnxElmoEmbedder(options, bilm_params, rngs=...)`;
+a frozen biLM is a `BiLMWeights` variable, not an `nnx.Param`, so `nnx.grad`
+and `nnx.Optimizer(..., wrt=nnx.Param)` leave it alone.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from elmo_jax.chars import batch_to_char_ids
+from elmo_jax.embedding import embed
+from elmo_jax.model import init_params
+from elmo_jax.options import ElmoOptions
+
+
+def _load(options: ElmoOptions, weights_file: str | None, rng) -> dict:
+    if weights_file is None:
+        return init_params(options, rng)
+    from elmo_jax.export import load_export
+
+    return jax.tree.map(jnp.asarray, load_export(weights_file).params)
+
+
+class ElmoEmbedder(nn.Module):
+    """char ids [B, T, C] -> (tuple of n_mixes [B, T, 2P] mixes, mask [B, T]).
+
+    options:      the biLM's options.
+    weights_file: an export folder or a weights hdf5 with options.json beside
+                  it, read at `init`; None: random biLM weights (`init_params`).
+    n_mixes:      how many scalar mixes (AllenNLP's num_output_representations).
+    layer_norm:   AllenNLP's do_layer_norm.
+    dropout:      on each mix, as AllenNLP's Elmo (0.5 there); needs a
+                  "dropout" rng when not deterministic.
+    fine_tune:    the biLM weights are parameters ("params"/"bilm") and train.
+    dtype:        matmul dtype of the biLM (bf16 on accelerators)."""
+    options: ElmoOptions
+    weights_file: str | None = None
+    n_mixes: int = 1
+    layer_norm: bool = False
+    dropout: float = 0.5
+    fine_tune: bool = False
+    dtype: Any = jnp.float32
+
+    @classmethod
+    def from_export(cls, path: str | os.PathLike, **kwargs) -> "ElmoEmbedder":
+        """From an export folder (or a weights file with options.json beside it)."""
+        from elmo_jax.export import export_files
+
+        options_file, _ = export_files(path)
+        return cls(ElmoOptions.from_json(options_file), weights_file=os.fspath(path), **kwargs)
+
+    def char_ids(self, sentences: Sequence[Sequence[str]], min_length: int = 0):
+        """Token lists -> [B, T, C] char ids for this module."""
+        return batch_to_char_ids(sentences, self.options.char_cnn.max_characters_per_token,
+                                 min_length)
+
+    @nn.compact
+    def __call__(self, char_ids, deterministic: bool = True):
+        if self.fine_tune:
+            bilm = self.param("bilm", lambda rng: _load(self.options, self.weights_file, rng))
+        else:
+            bilm = jax.lax.stop_gradient(self.variable(
+                "bilm", "weights",
+                lambda: _load(self.options, self.weights_file,
+                              self.make_rng("params") if self.weights_file is None else None)
+            ).value)
+        K = self.options.n_output_layers
+        mix = {"weights": self.param("scalar_mix_weights", nn.initializers.zeros,
+                                     (self.n_mixes, K)),
+               "gamma": self.param("gamma", nn.initializers.ones, (self.n_mixes,))}
+        out = embed(bilm, char_ids, self.options, mix=mix, mix_layer_norm=self.layer_norm,
+                    dtype=self.dtype)
+        drop = nn.Dropout(self.dropout)
+        return tuple(drop(m, deterministic=deterministic) for m in out.mixed), out.mask
+
+
+def init_variables(module: ElmoEmbedder, rng: jax.Array, char_ids, bilm_params: dict) -> dict:
+    """`module.init` with biLM weights already in memory (no file read, no
+    random biLM): {"params": the mix [+ "bilm"], "bilm": {"weights": ...}}."""
+    bilm = jax.tree.map(jnp.asarray, bilm_params)
+    given = {"params": {"bilm": bilm}} if module.fine_tune else {"bilm": {"weights": bilm}}
+    _, variables = module.apply(given, char_ids, mutable=True, rngs={"params": rng})
+    return dict(variables)  # every collection, the given biLM included
+
+
+class BiLMWeights(nnx.Variable):
+    """The biLM's weights when frozen: not an nnx.Param, so gradients and
+    optimizers over parameters leave them alone."""
+
+
+class NnxElmoEmbedder(nnx.Module):
+    """ElmoEmbedder in NNX: `NnxElmoEmbedder(options, bilm_params, rngs=nnx.Rngs(0))`,
+    called as `embedder(char_ids)` -> (mixes, mask). `model.eval()` turns the
+    dropout off."""
+
+    def __init__(self, options: ElmoOptions, bilm_params: dict, *, n_mixes: int = 1,
+                 layer_norm: bool = False, dropout: float = 0.5, fine_tune: bool = False,
+                 dtype=jnp.float32, rngs: nnx.Rngs):
+        kind = nnx.Param if fine_tune else BiLMWeights
+        self.bilm = nnx.data(jax.tree.map(lambda x: kind(jnp.asarray(x)), bilm_params))
+        K = options.n_output_layers
+        self.scalar_mix_weights = nnx.Param(jnp.zeros((n_mixes, K), jnp.float32))
+        self.gamma = nnx.Param(jnp.ones((n_mixes,), jnp.float32))
+        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+        self.options, self.layer_norm, self.fine_tune, self.dtype = (options, layer_norm,
+                                                                     fine_tune, dtype)
+
+    @classmethod
+    def from_export(cls, path: str | os.PathLike, *, rngs: nnx.Rngs, **kwargs):
+        from elmo_jax.export import load_export
+
+        exported = load_export(path)
+        return cls(exported.options, exported.params, rngs=rngs, **kwargs)
+
+    def __call__(self, char_ids, deterministic: bool | None = None):
+        bilm = jax.tree.map(lambda v: v[...], self.bilm,
+                            is_leaf=lambda v: isinstance(v, nnx.Variable))
+        if not self.fine_tune:
+            bilm = jax.lax.stop_gradient(bilm)
+        mix = {"weights": self.scalar_mix_weights[...], "gamma": self.gamma[...]}
+        out = embed(bilm, char_ids, self.options, mix=mix, mix_layer_norm=self.layer_norm,
+                    dtype=self.dtype)
+        return (tuple(self.dropout(m, deterministic=deterministic) for m in out.mixed),
+                out.mask)

@@ -1,0 +1,96 @@
+"""Sentence scoring with a trained tiny biLM: the scores of a corpus add up to
+`train.py eval`'s perplexity on it, a shuffled sentence scores worse, and the
+command writes one JSON line per input line. Marked e2e (trains a tiny model)."""
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, write_grammar_corpus
+from elmo_jax import training
+from elmo_jax.config import DataConfig, load_config
+from elmo_jax.data import read_sentences
+from elmo_jax.scoring import corpus_perplexity, load_language_model, score_sentences
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("scoring")
+    files = write_grammar_corpus(d / "data")
+    config = load_config(os.path.join(REPO, "configs", "tiny.json"), [
+        "model.batch_size=8", "model.n_negative_samples_batch=16", "train.max_steps=100",
+        "train.log_every=50"])
+    config = config.replace(data=DataConfig(train_files=files["train.txt"],
+                                            vocab_file=files["vocab.txt"]))
+    training.train_and_evaluate(config, str(d / "run"), progress=False)
+    training.export(str(d / "run"), str(d / "export"))
+    return files, d
+
+
+def test_scores_add_up_to_eval_perplexity(trained):
+    files, d = trained
+    options, params, softmax, vocab = load_language_model(str(d / "export"))
+    sentences = read_sentences(files["heldout.txt"])
+    records = score_sentences(params, softmax, options, vocab, sentences, stateful=True)
+    run = training.restore_latest(str(d / "run"))
+    one_stream = dataclasses.replace(run.config.train, eval_batch_size=1)
+    ev = training.evaluate(run.state.params, run.config.model, one_stream, run.vocab,
+                           files["heldout.txt"])
+    total = corpus_perplexity(records)
+    assert total["predictions"] == ev["eval_tokens"]
+    for ours, theirs in (("ppl_forward", "eval_ppl_forward"),
+                         ("ppl_backward", "eval_ppl_backward"), ("ppl", "eval_ppl")):
+        assert total[ours] == pytest.approx(ev[theirs], rel=1e-4), ours
+    # stateless scoring starts every sentence afresh: the first one agrees
+    fresh = score_sentences(params, softmax, options, vocab, sentences[:5], batch_size=4)
+    assert fresh[0]["logprob"] == pytest.approx(records[0]["logprob"], abs=1e-4)
+    for r in fresh:
+        assert r["ppl"] == pytest.approx(math.exp(-r["logprob"] / (r["tokens"] + 1)))
+
+
+def test_a_shuffled_sentence_scores_worse(trained):
+    files, d = trained
+    options, params, softmax, vocab = load_language_model(str(d / "export"))
+    sentences = [s for s in read_sentences(files["heldout.txt"]) if len(set(s)) >= 5][:10]
+    rng = np.random.default_rng(0)
+    shuffled = []
+    for s in sentences:
+        while True:
+            t = list(rng.permutation(s))
+            if t != s:
+                break
+        shuffled.append(t)
+    a = score_sentences(params, softmax, options, vocab, sentences)
+    b = score_sentences(params, softmax, options, vocab, shuffled)
+    for x, y in zip(a, b):
+        assert x["logprob"] > y["logprob"] + 1.0, (x, y)
+
+
+def test_score_command_writes_one_line_per_input_line(trained, tmp_path):
+    files, d = trained
+    (tmp_path / "in.txt").write_text("the dog sees the cat .\n\nthe cats\u2028see .\n")
+    r = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "score", "--model",
+                        str(d / "export"), "--input", str(tmp_path / "in.txt"), "--output",
+                        str(tmp_path / "out.jsonl")], capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in open(tmp_path / "out.jsonl")]
+    assert [(x["line"], x["tokens"]) for x in rows] == [(0, 6), (1, 0), (2, 4)]
+    assert json.loads(r.stdout)["sentences"] == 3
+    # bilm-tf's dumped weights (no softmax) cannot score: a clear error
+    os.remove(d / "export" / "softmax.hdf5")
+    try:
+        r = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "score", "--model",
+                            str(d / "export"), "--input", str(tmp_path / "in.txt"), "--output",
+                            str(tmp_path / "o2.jsonl")], capture_output=True, text=True,
+                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    finally:
+        training.export(str(d / "run"), str(d / "export"))
+    assert r.returncode == 2 and "has no softmax.hdf5" in r.stderr
