@@ -102,16 +102,11 @@ def machine() -> dict:
 
 
 def forward_flops_per_token(options) -> dict:
-    """Multiply-adds x 2 of one token through the biLM (no softmax): the token
-    encoder once, and each LSTM layer in both directions."""
-    c, lo = options.char_cnn, options.lstm
-    E, F, P, D = c.embedding_dim, c.n_filters, lo.projection_dim, lo.dim
-    C = c.max_characters_per_token
-    cnn = sum(2 * (C - w + 1) * w * E * n for w, n in c.filters)
-    highway = c.n_highway * 2 * (2 * F * F)
-    proj = 2 * F * P
-    lstm_layer = 2 * (P * 4 * D) + 2 * (P * 4 * D) + 2 * (D * P)  # input, recurrent, projection
-    return {"token_encoder": cnn + highway + proj, "lstm": 2 * lo.n_layers * lstm_layer}
+    """The model's FLOP count (elmo_jax.training.plan), for the benches' GFLOP/s."""
+    sys.path.insert(0, REPO)
+    from elmo_jax.training.plan import forward_flops_per_token as count
+
+    return count(options)
 
 
 def write_json(path: str | None, obj: dict) -> None:

@@ -66,7 +66,7 @@ def bench_train(config, batch, dtype, seconds, vocab_size):
     state, step = built.init(None, None), built.step
     rng = np.random.default_rng(0)
     U, C = options.unroll_steps, options.char_cnn.max_characters_per_token
-    n_groups = mesh.shape["data"]
+    n_groups = mesh.size
     n_table = 2048
     chars = rng.integers(1, 261, (n_groups, n_table, C)).astype(np.int32)
     chars[:, :, 12:] = 261  # words of ~10 bytes, then padding

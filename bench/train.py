@@ -88,7 +88,7 @@ def setup(name, dtype="float32", unroll=1):
     mesh = training.make_mesh(config.train.mesh_model)
     built = training.create_train_step(config.model, config.train, len(vocab), mesh)
     batcher = Batcher(TextSource(corpus, seed=0), vocab, config.model.batch_size,
-                      config.model.unroll_steps, n_groups=mesh.shape["data"])
+                      config.model.unroll_steps, n_groups=mesh.size)
     return config, vocab, built, built.init(None, None), batcher, mesh
 
 

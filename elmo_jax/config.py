@@ -49,7 +49,10 @@ class TrainConfig:
     max_to_keep: int = 3
     eval_batch_size: int = 32
     eval_unroll_steps: int = 20
-    mesh_model: int = 1                       # devices on the `model` axis (softmax split)
+    mesh_model: int = 0                       # devices on the `model` axis (softmax rows split);
+                                              # 0: chosen by the vocabulary's size
+    softmax: str = "sampled"                  # "full": train on the exact softmax
+    softmax_chunk: int = 16384                # vocabulary rows per chunk of the full softmax
     scan_unroll: int = 1
     compute_dtype: str = "float32"            # "bfloat16": bf16 matmuls, f32 state
 
@@ -112,6 +115,13 @@ def config_from_dict(d: dict) -> Config:
     if data.source not in ("text", "lm1b"):
         raise ConfigError(f"'data.source' must be 'text' or 'lm1b', got {data.source!r}")
     train = _section(TrainConfig, d.get("train", {}), "train")
+    if train.softmax not in ("sampled", "full"):
+        raise ConfigError(f"'train.softmax' must be 'sampled' or 'full', got {train.softmax!r}")
+    if model.sample_softmax is False:  # bilm-tf's sample_softmax: false asks for the full one
+        if d.get("train", {}).get("softmax", "full") != "full":
+            raise ConfigError("model.sample_softmax is false (bilm-tf's option) but "
+                              "train.softmax is 'sampled': set only one")
+        train = dataclasses.replace(train, softmax="full")
     if model.learning_rate is not None:  # bilm-tf's own option is honoured
         stated = d.get("train", {}).get("learning_rate")
         if stated is not None and stated != model.learning_rate:

@@ -111,8 +111,11 @@ def load_language_model(path: str) -> tuple[ElmoOptions, dict, dict, Vocabulary]
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
         from elmo_jax.training import restore_latest
 
+        from elmo_jax.training.workdir import vocabulary_softmax
+
         run = restore_latest(path)
-        return run.config.model, run.state.params["bilm"], run.state.params["softmax"], run.vocab
+        return (run.config.model, run.state.params["bilm"],
+                vocabulary_softmax(run.state.params["softmax"], run.vocab), run.vocab)
     exported = load_export(path)
     if exported.softmax is None:
         raise FileNotFoundError(f"{path} has no {SOFTMAX_FILE} and vocab.txt: scoring needs the "

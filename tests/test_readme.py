@@ -41,7 +41,7 @@ def check_flags(cmd):
         target = words[1:3]
     else:
         assert os.path.exists(os.path.join(REPO, words[1])), cmd
-        target = words[1:3] if len(words) > 2 and words[2] in ("export", "eval", "vocab", "score") \
+        target = words[1:3] if len(words) > 2 and words[2] in ("export", "eval", "vocab", "score", "plan") \
             else words[1:2]
     usage = help_text(target)
     for flag in (w for w in words if w.startswith("--")):

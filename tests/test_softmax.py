@@ -74,3 +74,72 @@ def test_sampler_draws_distinct_log_uniform_classes():
 def test_too_many_samples_is_a_clear_error():
     with pytest.raises(ValueError, match="cannot sample 50 distinct classes"):
         num_draws(50, 50)
+
+
+V_LM1B = 793471  # the One Billion Word Benchmark's vocabulary
+
+
+def _critical_chi2(df, z=5.0):
+    """Wilson-Hilferty: the chi-square value exceeded with probability ~3e-7."""
+    return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampler_follows_the_log_uniform_law_at_lm1b_size():
+    from elmo_jax.softmax import log_uniform_draws
+
+    n = 4_000_000
+    draws = np.asarray(jax.jit(lambda k: log_uniform_draws(k, n, V_LM1B))(jax.random.PRNGKey(7)))
+    assert draws.min() >= 0 and draws.max() < V_LM1B
+    m = draws + 1
+    # bins in m: geometric over the whole range, and fine ones over the top ids
+    edges = np.unique(np.concatenate([np.round(np.geomspace(1, 600_000, 40)),
+                                      np.linspace(600_000, V_LM1B + 1, 41)]).astype(np.int64))
+    counts = np.histogram(m, bins=edges)[0]
+    p = np.log(edges[1:] / edges[:-1]) / np.log(V_LM1B + 1.0)
+    assert p.sum() == pytest.approx(1.0)
+    expected = n * p
+    chi2 = float(np.sum((counts - expected) ** 2 / expected))
+    assert chi2 < _critical_chi2(len(counts) - 1), chi2
+    # reachability: the number of distinct ids seen above 600,000 is what the law
+    # predicts (float32's exp(u * log(V + 1)) leaves a fifth of them unreachable)
+    top = np.arange(600_000, V_LM1B)
+    p_top = np.log1p(1.0 / (top + 1.0)) / np.log(V_LM1B + 1.0)
+    seen_mean = np.sum(1 - np.exp(-n * p_top))
+    seen_sd = np.sqrt(np.sum(np.exp(-n * p_top) * (1 - np.exp(-n * p_top))))
+    seen = len(np.unique(draws[draws >= 600_000]))
+    assert abs(seen - seen_mean) < 5 * seen_sd, (seen, seen_mean, seen_sd)
+
+
+def test_every_id_of_the_top_block_is_drawn():
+    """The within-block stage reaches every id: the last 472 ids of the lm1b
+    vocabulary and the top of a 10M one."""
+    from elmo_jax.softmax import draw_in_blocks
+
+    for lo, hi in ((793_000, V_LM1B + 1), (10_000_000 - 300, 10_000_001)):
+        lo_a, hi_a = jnp.full((40_000,), lo, jnp.int32), jnp.full((40_000,), hi, jnp.int32)
+        got = np.asarray(draw_in_blocks(jax.random.PRNGKey(1), lo_a, hi_a))
+        assert set(got.tolist()) == set(range(lo, hi))
+
+
+def test_expected_counts_stay_accurate_for_large_ids():
+    k = jnp.array([0, 1000, 600_000, V_LM1B - 1])
+    p = np.asarray(log_uniform_prob(k, V_LM1B), np.float64)
+    want = np.log((np.asarray(k) + 2.0) / (np.asarray(k) + 1.0)) / np.log(V_LM1B + 1.0)
+    np.testing.assert_allclose(p, want, rtol=1e-5)
+
+
+def test_chunked_full_softmax_equals_the_unchunked_loss_and_gradient():
+    from elmo_jax.softmax import chunked_softmax_loss
+
+    ks = jax.random.split(jax.random.PRNGKey(0), 4)
+    V, N, P = 1000, 37, 16
+    w, b = jax.random.normal(ks[0], (V, P)), jax.random.normal(ks[1], (V,))
+    h, y = 2 * jax.random.normal(ks[2], (N, P)), jax.random.randint(ks[3], (N,), 0, V)
+    probe = jax.random.normal(ks[0], (N,))
+    for chunk in (128, 333, 1000, 4096):  # uneven, overlapping last chunk, one, bigger
+        f = lambda w, b, h: jnp.sum(probe * chunked_softmax_loss(w, b, h, y, chunk))  # noqa
+        g = lambda w, b, h: jnp.sum(probe * full_softmax_loss(w, b, h, y))  # noqa
+        np.testing.assert_allclose(chunked_softmax_loss(w, b, h, y, chunk),
+                                   full_softmax_loss(w, b, h, y), rtol=2e-6, atol=2e-6)
+        for a, r in zip(jax.grad(f, (0, 1, 2))(w, b, h), jax.grad(g, (0, 1, 2))(w, b, h)):
+            np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5)

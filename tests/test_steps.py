@@ -21,7 +21,8 @@ def _setup(sample_softmax):
     vocab = build_vocab(collections.Counter(w for s in sentences for w in s))
     options = ElmoOptions.from_dict(dict(tiny_options_dict(), dropout=0.0, batch_size=4,
                                          unroll_steps=6, n_negative_samples_batch=8,
-                                         sample_softmax=sample_softmax))
+                                         sample_softmax=sample_softmax,
+                                         n_tokens_vocab=len(vocab)))
     config = TrainConfig()
     state = init_train_state(options, config, len(vocab))
     batch = next(Batcher(iter(sentences), vocab, options.batch_size, options.unroll_steps))

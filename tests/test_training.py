@@ -96,17 +96,18 @@ DEVICE_RUN = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import jax
     from test_training import losses_by_step, run, tiny
-    config = tiny(max_steps=5, mesh_model={mesh_model})
+    config = tiny(max_steps=5, mesh_model={mesh_model}, softmax={softmax!r}, softmax_chunk=48)
     run(config, {train!r}, {vocab!r}, {workdir!r})
     print(json.dumps({{"devices": jax.device_count(), "losses": losses_by_step({workdir!r})}}))
 """)
 
 
-def _device_run(files, workdir, n_devices, mesh_model=1):
+def _device_run(files, workdir, n_devices, mesh_model=1, softmax="sampled"):
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}")
     code = DEVICE_RUN.format(tests=os.path.join(REPO, "tests"), train=files["train.txt"],
-                             vocab=files["vocab.txt"], workdir=str(workdir), mesh_model=mesh_model)
+                             vocab=files["vocab.txt"], workdir=str(workdir), mesh_model=mesh_model,
+                             softmax=softmax)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -114,16 +115,21 @@ def _device_run(files, workdir, n_devices, mesh_model=1):
 
 
 def test_one_device_and_eight_devices_give_the_same_losses(tmp_path):
+    """8 simulated devices, data x model = 8x1, 4x2 and 2x4 (the softmax rows
+    split over `model`, its candidates and labels gathered from the shards, the
+    full softmax's logsumexp combined across them), sampled and exact full
+    softmax (in vocabulary chunks): the losses of one device."""
     files = write_grammar_corpus(tmp_path / "data")
-    one = _device_run(files, tmp_path / "one", 1)
-    eight = _device_run(files, tmp_path / "eight", 8)
-    # 4-way data parallel with the softmax rows split 2 ways over a `model` axis
-    split = _device_run(files, tmp_path / "split", 8, mesh_model=2)
-    assert (one["devices"], eight["devices"]) == (1, 8)
-    assert len(one["losses"]) == 5
-    for other in (eight, split):
-        for step, loss in one["losses"].items():
-            assert abs(other["losses"][step] - loss) <= 1e-5 * abs(loss), (step, loss, other)
+    for softmax, meshes in (("sampled", (8, 2, 4)), ("full", (2, 4))):
+        one = _device_run(files, tmp_path / f"one-{softmax}", 1, softmax=softmax)
+        assert one["devices"] == 1 and len(one["losses"]) == 5
+        for model in meshes:
+            other = _device_run(files, tmp_path / f"{softmax}-{model}", 8,
+                                mesh_model=model if model < 8 else 1, softmax=softmax)
+            assert other["devices"] == 8
+            for step, loss in one["losses"].items():
+                assert abs(other["losses"][step] - loss) <= 1e-5 * abs(loss), (softmax, model,
+                                                                               step)
 
 
 def _train_cmd(files, workdir, max_steps, checkpoint_every):
@@ -301,3 +307,36 @@ def test_a_time_limited_run_shows_its_total_and_eta(tmp_path, capsys):
     assert re.search(r"\|\s*4/4s \[\d\d:\d\d<00:00, .*step=\d+", err), err[-500:]
     assert "time limit" in err
     assert last["step"] >= 1 and "train_loss" in last  # the last step is logged
+
+
+def _tensorboard_scalars(directory):
+    """{tag: {step: value}} from TFRecord-framed event files, read without TensorFlow."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out = collections.defaultdict(dict)
+    for path in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
+        data = open(path, "rb").read()
+        pos = 0
+        while pos < len(data):
+            n, = struct.unpack("<Q", data[pos:pos + 8])
+            event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + n])
+            pos += 12 + n + 4
+            for v in event.summary.value:
+                out[v.tag][event.step] = v.simple_value
+    return out
+
+
+def test_metrics_also_go_to_tensorboard(tmp_path):
+    files = write_grammar_corpus(tmp_path / "data")
+    run(tiny(max_steps=4, log_every=2), files["train.txt"], files["vocab.txt"], tmp_path / "run",
+        eval_files=files["heldout.txt"])
+    scalars = _tensorboard_scalars(tmp_path / "run" / "tensorboard")
+    records = metrics(tmp_path / "run")
+    assert [r["step"] for r in records if "train_loss" in r] == [2, 4]
+    for r in records:
+        for key in ("train_loss", "grad_norm", "eval_ppl"):
+            if key in r:
+                assert scalars[key][r["step"]] == pytest.approx(r[key], rel=1e-6), key
+    assert set(scalars["eval_ppl"]) == {4}

@@ -35,7 +35,7 @@ def print_result(result: dict, out: str | None = None) -> None:
 
 
 COMMANDS = {"train": "train", "eval": "train", "export": "train", "vocab": "train",
-            "score": "train", "embed": "embed"}
+            "score": "train", "plan": "train", "embed": "embed"}
 
 
 def main(argv=None) -> None:

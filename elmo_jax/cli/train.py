@@ -9,6 +9,7 @@ export|vocab|score`; in a checkout, `python train.py ...`.
   python train.py eval   --workdir runs/tiny --eval_files 'heldout/*.txt'
   python train.py vocab  --train_files 'data/*.txt' --out vocab.txt [--max_vocab N] [--min_count N]
   python train.py score  --model runs/tiny/export --input sentences.txt --output scores.jsonl
+  python train.py plan   --config original --vocab_size 793471 --mesh data=8,model=8
 
 A run is one config file (model, train, data; see elmo_jax/config.py); `--set
 PATH=VALUE` overrides any field, and the flags below are shorthands for the
@@ -134,9 +135,42 @@ def _score(argv, prog):
                                 args.stateful)))
 
 
+def _plan(argv, prog):
+    ap = argparse.ArgumentParser(prog=prog, description=(
+        "Compile the train step ahead of time for a device mesh, simulated on this CPU "
+        "(nothing runs), and print the per-device bytes, FLOPs per step and the time of one "
+        "1B Word Benchmark epoch on named accelerators (elmo_jax/training/plan.py)."))
+    ap.add_argument("--config", required=True, help="a config file or a shipped config's name")
+    ap.add_argument("--vocab_size", type=int, required=True, help="softmax size, e.g. 793471")
+    ap.add_argument("--mesh", default="data=1,model=1", help="e.g. data=8,model=8")
+    ap.add_argument("--utilisation", type=float, default=0.4,
+                    help="share of the peak matmul throughput assumed for the epoch time")
+    ap.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                    help="override a config field (e.g. train.compute_dtype=bfloat16, "
+                         "train.softmax=full)")
+    args = ap.parse_args(argv)
+    try:
+        sizes = dict(part.split("=") for part in args.mesh.split(","))
+        n_data, n_model = int(sizes.pop("data", 1)), int(sizes.pop("model", 1))
+        assert not sizes and n_data > 0 and n_model > 0
+    except (ValueError, AssertionError):
+        ap.error(f"--mesh takes data=D,model=M, got {args.mesh!r}")
+    import jax
+
+    # simulated devices: set before anything asks JAX for a device
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", n_data * n_model)
+    from elmo_jax.config import load_config
+    from elmo_jax.training.plan import plan
+
+    config = load_config(args.config, args.set)
+    print(json.dumps(plan(config, args.vocab_size, n_data, n_model, args.utilisation)))
+
+
 def main(argv=None, prog: str = "train.py"):
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"export": _export, "eval": _eval, "vocab": _vocab, "score": _score}
+    commands = {"export": _export, "eval": _eval, "vocab": _vocab, "score": _score,
+                "plan": _plan}
     if argv and argv[0] in commands:
         return commands[argv[0]](argv[1:], f"{prog} {argv[0]}")
     return _train(argv, prog)

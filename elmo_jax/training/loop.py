@@ -17,37 +17,50 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from elmo_jax import data as data_lib
 from elmo_jax.config import Config, ConfigError, TrainConfig
 from elmo_jax.model import init_state
 from elmo_jax.options import ElmoOptions
-from elmo_jax.training.partitioning import (check_divisible, create_train_step, global_batch,
-                                            make_mesh)
+from elmo_jax.training.partitioning import (auto_mesh_model, check_divisible, create_train_step,
+                                            global_batch, lstm_state_sharding, make_mesh,
+                                            process_part)
 from elmo_jax.training.steps import eval_step
 from elmo_jax.training.workdir import (MetricsLog, Pretrained, TrainingError, checkpoint_manager,
                                        load_pretrained, read_run, restore_checkpoint,
                                        restore_latest, save_checkpoint, write_run)
 from elmo_jax.vocab import Vocabulary
 
-_eval_step_jit = jax.jit(eval_step, static_argnames=("options", "config"))
+_eval_step_jit = jax.jit(eval_step, static_argnames=("options", "config", "mesh"))
 
 
 def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Vocabulary,
-             eval_files: str) -> dict:
+             eval_files: str, mesh=None) -> dict:
     """Perplexity over held-out files, read once in order by `eval_batch_size`
     streams with the state carried: forward, backward, and bilm-tf's number,
-    exp of the mean of the two directions' mean losses."""
+    exp of the mean of the two directions' mean losses.
+
+    Over a mesh of several processes each process scores its share of the
+    streams (the text is read everywhere, so the streams are the ones a single
+    process reads) and the sums are global: one perplexity, equal to a single
+    process's."""
+    mesh = mesh if mesh is not None else make_mesh(1, jax.local_devices()[:1])
+    n_rows = mesh.size
+    if config.eval_batch_size % n_rows:
+        raise ConfigError(f"train.eval_batch_size {config.eval_batch_size} must divide over "
+                          f"the {n_rows} devices")
     batcher = data_lib.Batcher(data_lib.OnceSource(eval_files), vocab, config.eval_batch_size,
                                config.eval_unroll_steps,
-                               options.char_cnn.max_characters_per_token)
-    step = functools.partial(_eval_step_jit, options=options, config=config)
-    state = init_state(options, config.eval_batch_size)
+                               options.char_cnn.max_characters_per_token, n_groups=n_rows)
+    step = functools.partial(_eval_step_jit, options=options, config=config, mesh=mesh)
+    state = jax.jit(functools.partial(init_state, options, config.eval_batch_size),
+                    out_shardings=lstm_state_sharding(mesh))()
     total, count = np.zeros(2), 0.0
     for batch in batcher:
-        state, nll, n = step(params, state, batch)
-        total += np.asarray(nll, np.float64)
-        count += float(n)
+        state, nll, n = step(params, state, global_batch(process_part(batch, mesh), mesh))
+        total += np.asarray(nll.addressable_data(0), np.float64)
+        count += float(n.addressable_data(0))
     if count == 0:
         raise data_lib.DataError(f"no held-out sentences in {eval_files!r}")
     mean = total / count
@@ -92,7 +105,7 @@ def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bo
 
 
 def _batcher(config: Config, vocab: Vocabulary, mesh, source=None) -> data_lib.Batcher:
-    """This process's rows of the global batch, one token table per local data shard."""
+    """This process's rows of the global batch, one token table per local device."""
     if source is None and config.data.source == "lm1b":
         source = data_lib.lm1b_source("train", seed=config.train.seed,
                                       process_index=jax.process_index(),
@@ -107,7 +120,7 @@ def _batcher(config: Config, vocab: Vocabulary, mesh, source=None) -> data_lib.B
     options = config.model
     return data_lib.Batcher(source, vocab, options.batch_size // jax.process_count(),
                             options.unroll_steps, options.char_cnn.max_characters_per_token,
-                            n_groups=mesh.shape["data"] // jax.process_count())
+                            n_groups=mesh.size // jax.process_count())
 
 
 def _max_steps(config: Config) -> float:
@@ -144,6 +157,15 @@ def _stop_requests():
     finally:
         for sig, h in handlers.items():
             signal.signal(sig, h)
+
+
+def _agree(*flags: bool) -> tuple[bool, ...]:
+    """Each flag as any process has it: a signal or a time limit reaches one
+    host, but all must stop at the same step, after one collective checkpoint."""
+    if jax.process_count() == 1:
+        return flags
+    every = multihost_utils.process_allgather(np.array(flags, np.int32))
+    return tuple(bool(x) for x in np.max(every.reshape(-1, len(flags)), axis=0))
 
 
 class _Window:
@@ -214,7 +236,8 @@ def train_and_evaluate(config: Config, workdir: str, progress: bool = True, sour
     mngr = checkpoint_manager(workdir, config.train.max_to_keep)
     resume_step = mngr.latest_step()
     config, pretrained = _resolve_model(config, workdir, vocab, resume_step is not None)
-    mesh = make_mesh(config.train.mesh_model)
+    mesh = make_mesh(config.train.mesh_model
+                     or auto_mesh_model(len(vocab), config.model, jax.device_count()))
     check_divisible(config.model, len(vocab), mesh)
     batcher = _batcher(config, vocab, mesh, source)
     built = create_train_step(config.model, config.train, len(vocab), mesh)
@@ -261,7 +284,9 @@ def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, las
                                     f"and {kept}. Lower the learning rate or check the data.")
             window.add(loss, int(metrics["tokens"]))
             timed_out = tc.max_seconds is not None and time.time() - t_start > tc.max_seconds
-            stopping = bool(stop["signal"]) or timed_out
+            # every process stops at the same step: the reasons are agreed first
+            signalled, timed_out = _agree(bool(stop["signal"]), timed_out)
+            stopping = signalled or timed_out
             if step % tc.log_every == 0 or step == max_steps or stopping:
                 last = window.record(step, metrics)
                 log.write(last)
@@ -273,18 +298,22 @@ def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, las
                 save_checkpoint(mngr, state, state_position)
                 last_saved = step
             if eval_files and tc.eval_every and step % tc.eval_every == 0:
-                last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files)}
+                last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files,
+                                                 mesh)}
                 log.write(last)
             if stopping:
-                why = "time limit" if timed_out else signal.Signals(stop["signal"]).name
+                why = ("time limit" if timed_out else signal.Signals(stop["signal"]).name
+                       if stop["signal"] else "another process was signalled")
                 tqdm.write(f"stopped at step {step} ({why}); checkpoint saved. Run the same "
                            "command again to resume.", file=sys.stderr)
                 break
         if step == max_steps and last_saved != step:
             save_checkpoint(mngr, state, state_position)
         if eval_files and not (tc.eval_every and step % tc.eval_every == 0):
-            last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files)}
+            last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files,
+                                             mesh)}
             log.write(last)
     finally:
         bar.close()
+        log.close()
     return last

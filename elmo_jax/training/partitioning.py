@@ -2,9 +2,10 @@
 and `create_train_step`, the one place the jitted, sharded train step is built
 (`train.py`, `bench/train.py` and `bench/gpu.py` all time and run this step).
 
-The batch is split over the mesh's `data` axis and the parameters replicated,
-except the softmax matrix, its bias and their optimizer slots, whose rows may be
-split over a `model` axis. The same code runs on one CPU, simulated CPU
+The batch is split over every device (the `data` and `model` axes together:
+`ROWS`) and the parameters replicated, except the softmax matrix, its bias and
+their optimizer slots, whose rows are split over the `model` axis (the losses
+gather the rows they need from the shards: `softmax.py`). The same code runs on one CPU, simulated CPU
 devices, a GPU or a TPU slice, and over several hosts.
 """
 from __future__ import annotations
@@ -20,7 +21,27 @@ from jax.sharding import PartitionSpec as P
 
 from elmo_jax.config import TrainConfig
 from elmo_jax.options import ElmoOptions
-from elmo_jax.training.steps import TrainState, init_train_state, make_optimizer, train_step
+from elmo_jax.training.steps import (SOFTMAX_ROW_MULTIPLE, TrainState, init_train_state,
+                                     make_optimizer, softmax_rows, train_step)
+
+
+LARGE_SOFTMAX = 2 ** 24  # parameters of the softmax matrix from which it is split by default
+
+
+def auto_mesh_model(vocab_size: int, options: ElmoOptions, n_devices: int) -> int:
+    """`train.mesh_model: 0`: 1 for a small softmax; for a large one (the 1B Word
+    Benchmark's 793,471 x 512 words) the largest power of two up to 8 that
+    divides the devices, so that the matrix, its gradient and its Adagrad
+    accumulator are split and its rows never gathered."""
+    if vocab_size * options.lstm.projection_dim < LARGE_SOFTMAX:
+        return 1
+    m = 1
+    while m * 2 <= 8 and n_devices % (m * 2) == 0:
+        m *= 2
+    return m
+
+
+ROWS = ("data", "model")  # batch rows are split over both axes
 
 
 def make_mesh(mesh_model: int = 1, devices=None) -> Mesh:
@@ -39,7 +60,7 @@ def state_shardings(abstract_state: TrainState, mesh: Mesh) -> TrainState:
     def spec(path, leaf):
         keys = [getattr(k, "key", getattr(k, "name", None)) for k in path]
         if "lstm_state" in keys:
-            return NamedSharding(mesh, P(None, None, "data"))
+            return lstm_state_sharding(mesh)
         if "softmax" in keys and getattr(leaf, "ndim", 0) >= 1:
             return NamedSharding(mesh, P("model"))
         return NamedSharding(mesh, P())
@@ -47,11 +68,11 @@ def state_shardings(abstract_state: TrainState, mesh: Mesh) -> TrainState:
 
 
 def batch_shardings(mesh: Mesh) -> dict:
-    """Shardings of `data.Batcher`'s dict: token tables by group, rows by data shard."""
-    return {"token_chars": NamedSharding(mesh, P("data")),
-            "token_index": NamedSharding(mesh, P(None, "data")),
-            "targets": NamedSharding(mesh, P(None, "data")),
-            "mask": NamedSharding(mesh, P("data"))}
+    """Shardings of `data.Batcher`'s dict: one row group (and its token table) per device."""
+    return {"token_chars": NamedSharding(mesh, P(ROWS)),
+            "token_index": NamedSharding(mesh, P(None, ROWS)),
+            "targets": NamedSharding(mesh, P(None, ROWS)),
+            "mask": NamedSharding(mesh, P(ROWS))}
 
 
 def pad_tables(batch: dict, n: int) -> dict:
@@ -64,6 +85,25 @@ def pad_tables(batch: dict, n: int) -> dict:
     return {**batch, "token_chars": padded}
 
 
+def process_part(batch: dict, mesh: Mesh) -> dict:
+    """This process's rows (and row groups' token tables) of a batch made whole
+    on every process (evaluation reads the same text everywhere)."""
+    i, n = jax.process_index(), jax.process_count()
+    S, B = batch["token_chars"].shape[0], batch["mask"].shape[0]
+    if n == 1:
+        return batch
+    if S % n or B % n:
+        raise ValueError(f"{S} row groups of {B} rows do not split over {n} processes")
+    g, r = slice(i * S // n, (i + 1) * S // n), slice(i * B // n, (i + 1) * B // n)
+    return {"token_chars": batch["token_chars"][g], "token_index": batch["token_index"][:, r],
+            "targets": batch["targets"][:, r], "mask": batch["mask"][r]}
+
+
+def lstm_state_sharding(mesh: Mesh) -> NamedSharding:
+    """LSTMState leaves [L, 2, B, .]: rows split like the batch."""
+    return NamedSharding(mesh, P(None, None, ROWS))
+
+
 def global_batch(local: dict, mesh: Mesh) -> dict:
     """Host-local numpy batch -> global arrays (each process holds its rows)."""
     if jax.process_count() > 1:  # the token tables must have one shape everywhere
@@ -74,13 +114,15 @@ def global_batch(local: dict, mesh: Mesh) -> dict:
 
 
 def check_divisible(options: ElmoOptions, vocab_size: int, mesh: Mesh) -> None:
-    """The batch splits over data shards and processes, the vocabulary over `model`."""
-    n_data, n_model = mesh.shape["data"], mesh.shape["model"]
-    if options.batch_size % n_data or n_data % jax.process_count():
+    """The batch splits over data shards and processes, the softmax rows over `model`."""
+    n_rows, n_model = mesh.size, mesh.shape["model"]
+    if options.batch_size % n_rows or n_rows % jax.process_count():
         raise ValueError(f"batch_size {options.batch_size} must divide evenly over the "
-                         f"{n_data} data-parallel devices and {jax.process_count()} processes")
-    if vocab_size % n_model:
-        raise ValueError(f"vocabulary size {vocab_size} must divide over mesh_model={n_model}")
+                         f"{n_rows} devices and {jax.process_count()} processes")
+    if softmax_rows(vocab_size) % n_model:
+        raise ValueError(f"the softmax's {softmax_rows(vocab_size)} rows (the vocabulary, "
+                         f"padded to a multiple of {SOFTMAX_ROW_MULTIPLE}) do not divide over "
+                         f"mesh_model={n_model}: use a power of two")
 
 
 class TrainStep(NamedTuple):
@@ -100,7 +142,8 @@ def create_train_step(options: ElmoOptions, config: TrainConfig, vocab_size: int
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             abstract, shardings)
     tx = make_optimizer(options, config)
-    step = jax.jit(functools.partial(train_step, options=options, config=config, tx=tx),
+    step = jax.jit(functools.partial(train_step, options=options, config=config, tx=tx,
+                                     mesh=mesh),
                    in_shardings=(shardings, batch_shardings(mesh)),
                    out_shardings=(shardings, None), donate_argnums=0)
     init = jax.jit(functools.partial(init_train_state, options, config, vocab_size),

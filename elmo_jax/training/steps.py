@@ -22,7 +22,8 @@ import optax
 from elmo_jax.config import TrainConfig
 from elmo_jax.model import BiLM, LSTMState, init_params, init_state
 from elmo_jax.options import ElmoOptions
-from elmo_jax.softmax import full_softmax_loss, sampled_softmax
+from elmo_jax.softmax import (chunked_softmax_loss, expected_count, log_uniform_sample,
+                              sampled_softmax_from_rows, sharded_full_softmax_loss, sharded_rows)
 
 
 @flax.struct.dataclass
@@ -41,10 +42,28 @@ def make_optimizer(options: ElmoOptions, config: TrainConfig) -> optax.GradientT
                                      eps=0.0))
 
 
+SOFTMAX_ROW_MULTIPLE = 128  # rows padded to this, so any power-of-two model axis up to it
+PAD_BIAS = -1e9             # divides them (a padding row is never a label and never sampled,
+                            # and its probability in the full softmax is exactly 0)
+
+
+def softmax_rows(vocab_size: int) -> int:
+    """Rows of the softmax matrix: the vocabulary, padded (see SOFTMAX_ROW_MULTIPLE)."""
+    return -(-vocab_size // SOFTMAX_ROW_MULTIPLE) * SOFTMAX_ROW_MULTIPLE
+
+
+def pad_softmax(softmax: dict, vocab_size: int) -> dict:
+    """A softmax of `vocab_size` rows (an export's) padded to `softmax_rows`."""
+    extra = softmax_rows(vocab_size) - softmax["w"].shape[0]
+    return {"w": jnp.pad(jnp.asarray(softmax["w"]), ((0, extra), (0, 0))),
+            "b": jnp.pad(jnp.asarray(softmax["b"]), (0, extra), constant_values=PAD_BIAS)}
+
+
 def init_softmax(options: ElmoOptions, vocab_size: int, rng: jax.Array) -> dict:
-    P = options.lstm.projection_dim
-    return {"w": jax.random.normal(rng, (vocab_size, P)) / math.sqrt(P),
-            "b": jnp.zeros((vocab_size,))}
+    """{"w": [R, P], "b": [R]} for R = softmax_rows(V); rows from V on are padding."""
+    P, R = options.lstm.projection_dim, softmax_rows(vocab_size)
+    return {"w": jax.random.normal(rng, (R, P)) / math.sqrt(P),
+            "b": jnp.where(jnp.arange(R) < vocab_size, 0.0, PAD_BIAS)}
 
 
 def init_train_state(options: ElmoOptions, config: TrainConfig, vocab_size: int,
@@ -55,7 +74,7 @@ def init_train_state(options: ElmoOptions, config: TrainConfig, vocab_size: int,
     k_bilm, k_softmax, k_run = jax.random.split(rng, 3)
     params = {
         "bilm": bilm_params if bilm_params is not None else init_params(options, k_bilm),
-        "softmax": softmax_params if softmax_params is not None
+        "softmax": pad_softmax(softmax_params, vocab_size) if softmax_params is not None
         else init_softmax(options, vocab_size, k_softmax),
     }
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
@@ -104,33 +123,60 @@ def _direction_means(losses, mask):
     return jnp.sum(losses * m, axis=1) / jnp.maximum(jnp.sum(m), 1.0)
 
 
-def loss_fn(params, batch, lstm_state, rng, options: ElmoOptions, config: TrainConfig):
-    """(total loss, (per-direction losses [2], new LSTM state)); the sampled
-    softmax when it samples fewer classes than the vocabulary holds, else (or
-    with bilm-tf's `sample_softmax: false`) the full one."""
-    top, new_state = top_layer(params, batch, lstm_state, options, config, rng)
+def softmax_losses(params, top, targets, rng, options: ElmoOptions, config: TrainConfig,
+                   mesh=None, full: bool = False):
+    """Per-prediction losses [2, N] of the top layer [2, B, U, P] against the
+    targets [2, B, U]: the sampled softmax (one sampler per direction), or the
+    exact full one (with `full`, `train.softmax: full` or when the sample would
+    cover the vocabulary), computed in vocabulary chunks. With a mesh whose
+    "model" axis has several devices the softmax rows stay on their shards."""
     hidden = top.reshape(2, -1, options.lstm.projection_dim)
-    labels = batch["targets"].reshape(2, -1)
+    labels = targets.reshape(2, -1)
     w, b = params["softmax"]["w"], params["softmax"]["b"]
+    V = options.n_tokens_vocab or w.shape[0]
     S = options.n_negative_samples_batch
-    if options.sample_softmax is not False and S < w.shape[0]:
-        keys = jax.random.split(jax.random.fold_in(rng, 2), 2)  # one sampler per direction
-        losses = jax.vmap(lambda k, h, y: sampled_softmax(k, w, b, h, y, S))(keys, hidden, labels)
+    split = mesh is not None and mesh.shape["model"] > 1
+    if full or config.softmax == "full" or options.sample_softmax is False or S >= V:
+        if split:
+            return sharded_full_softmax_loss(w, b, hidden, labels, mesh, config.softmax_chunk)
+        return jax.vmap(lambda h, y: chunked_softmax_loss(w, b, h, y, config.softmax_chunk))(
+            hidden, labels)
+    keys = jax.random.split(rng, 2)
+    cands = jax.vmap(lambda k: log_uniform_sample(k, S, V))(keys)              # ids [2, S]
+    if split:
+        true_w, true_b = sharded_rows(w, b, labels, mesh, split_ids=True)
+        cand_w, cand_b = sharded_rows(w, b, cands.ids, mesh, split_ids=False)
     else:
-        losses = jax.vmap(lambda h, y: full_softmax_loss(w, b, h, y))(hidden, labels)
+        true_w, true_b, cand_w, cand_b = w[labels], b[labels], w[cands.ids], b[cands.ids]
+
+    def one_direction(h, y, tw, tb, c, cw, cb):
+        return sampled_softmax_from_rows(h, y, tw, tb, c, cw, cb,
+                                         expected_count(y, c.num_tries, S, V),
+                                         expected_count(c.ids, c.num_tries, S, V))
+
+    return jax.vmap(one_direction)(hidden, labels, true_w, true_b, cands, cand_w, cand_b)
+
+
+def loss_fn(params, batch, lstm_state, rng, options: ElmoOptions, config: TrainConfig,
+            mesh=None):
+    """(total loss, (per-direction losses [2], new LSTM state)); see
+    `softmax_losses` for which softmax."""
+    top, new_state = top_layer(params, batch, lstm_state, options, config, rng)
+    losses = softmax_losses(params, top, batch["targets"], jax.random.fold_in(rng, 2), options,
+                            config, mesh)
     per_dir = _direction_means(losses, batch["mask"].reshape(-1))
     return 0.5 * jnp.sum(per_dir), (per_dir, new_state)
 
 
 def train_step(state: TrainState, batch: dict, *, options: ElmoOptions, config: TrainConfig,
-               tx: optax.GradientTransformation):
+               tx: optax.GradientTransformation, mesh=None):
     """One update -> (new state, metrics {loss, loss_forward, loss_backward,
     grad_norm, tokens})."""
     rng = jax.random.fold_in(state.rng, state.step)
     scale = options.unroll_steps if config.scale_loss_by_unroll_steps else 1.0
 
     def scaled(params):
-        loss, aux = loss_fn(params, batch, state.lstm_state, rng, options, config)
+        loss, aux = loss_fn(params, batch, state.lstm_state, rng, options, config, mesh)
         return loss * scale, (loss, aux)
 
     grads, (loss, (per_dir, new_lstm)) = jax.grad(scaled, has_aux=True)(state.params)
@@ -143,13 +189,11 @@ def train_step(state: TrainState, batch: dict, *, options: ElmoOptions, config: 
 
 
 def eval_step(params: dict, lstm_state: LSTMState, batch: dict, *, options: ElmoOptions,
-              config: TrainConfig):
+              config: TrainConfig, mesh=None):
     """-> (new LSTM state, full-softmax negative log-likelihood summed per
     direction [2], number of predictions [])."""
     top, new_state = top_layer(params, batch, lstm_state, options, config)
-    w, b = params["softmax"]["w"], params["softmax"]["b"]
-    hidden = top.reshape(2, -1, options.lstm.projection_dim)
-    losses = jax.vmap(lambda h, y: full_softmax_loss(w, b, h, y))(
-        hidden, batch["targets"].reshape(2, -1))
+    losses = softmax_losses(params, top, batch["targets"], None, options, config, mesh,
+                            full=True)
     m = batch["mask"].reshape(-1).astype(jnp.float32)
     return new_state, jnp.sum(losses * m, axis=1), jnp.sum(m)

@@ -5,6 +5,7 @@ and loading a pretrained starting point for fine-tuning.
     WORKDIR/config.json       the resolved config (model options with n_tokens_vocab)
     WORKDIR/vocab.txt         the vocabulary the softmax was trained with
     WORKDIR/metrics.jsonl     one JSON record per log or evaluation event
+    WORKDIR/tensorboard/      the same numbers as TensorBoard scalars
     WORKDIR/checkpoints/STEP  orbax: the TrainState and every process's data position
 """
 from __future__ import annotations
@@ -60,8 +61,11 @@ def save_checkpoint(mngr, state: TrainState, data_position: dict) -> None:
     mngr.wait_until_finished()
 
 
-def restore_checkpoint(mngr, step: int, abstract_state: TrainState) -> tuple[TrainState, dict]:
-    """(state, this process's data position) of checkpoint `step`."""
+def restore_checkpoint(mngr, step: int, abstract_state: TrainState,
+                       resume: bool = True) -> tuple[TrainState, dict | None]:
+    """(state, this process's data position) of checkpoint `step`. To resume
+    training, the checkpoint must come from as many processes as this run has;
+    to read the model only (`resume=False`) any number will do."""
     where = os.path.join(str(mngr.directory), str(step))
     try:
         out = mngr.restore(step, args=ocp.args.Composite(
@@ -73,6 +77,8 @@ def restore_checkpoint(mngr, step: int, abstract_state: TrainState) -> tuple[Tra
             "step directory away to resume from an earlier checkpoint, or use another --workdir."
         ) from None
     positions = out["data"]
+    if not resume:
+        return out["state"], None
     if positions["process_count"] != jax.process_count():
         raise TrainingError(f"the checkpoint at {where} was written by "
                             f"{positions['process_count']} processes; this run has "
@@ -115,7 +121,8 @@ def restore_latest(workdir: str, devices=None) -> Restored:
         raise TrainingError(f"{workdir} has no checkpoint yet")
     mesh = make_mesh(1, devices if devices is not None else jax.local_devices()[:1])
     built = create_train_step(config.model, config.train, len(vocab), mesh)
-    state, _ = restore_checkpoint(checkpoint_manager(workdir), step, built.abstract_state)
+    state, _ = restore_checkpoint(checkpoint_manager(workdir), step, built.abstract_state,
+                                  resume=False)
     return Restored(config, vocab, state)
 
 
@@ -124,8 +131,13 @@ def export(workdir: str, out_dir: str) -> dict:
     AllenNLP's format, with the vocabulary and the softmax (for scoring)."""
     run = restore_latest(workdir)
     export_lib.save_export(out_dir, run.state.params["bilm"], run.config.model, run.vocab,
-                           softmax=run.state.params["softmax"])
+                           softmax=vocabulary_softmax(run.state.params["softmax"], run.vocab))
     return {"step": int(run.state.step), "out_dir": out_dir}
+
+
+def vocabulary_softmax(softmax: dict, vocab: Vocabulary) -> dict:
+    """The softmax's rows of the vocabulary's words (the state's matrix is padded)."""
+    return {"w": softmax["w"][:len(vocab)], "b": softmax["b"][:len(vocab)]}
 
 
 class Pretrained(NamedTuple):
@@ -138,22 +150,40 @@ def load_pretrained(init_from: str, vocab: Vocabulary) -> Pretrained:
     """--init_from: a training workdir, an export folder, or a weights hdf5
     with options.json beside it."""
     if os.path.isdir(init_from) and os.path.exists(os.path.join(init_from, CONFIG_FILE)):
-        run = restore_latest(init_from)
+        run = restore_latest(init_from)  # on this process's own device, then to the host:
+        params = jax.device_get(run.state.params)  # every process places it on the mesh
         same = run.vocab.words == vocab.words
-        return Pretrained(run.config.model, run.state.params["bilm"],
-                          run.state.params["softmax"] if same else None)
+        return Pretrained(run.config.model, params["bilm"],
+                          vocabulary_softmax(params["softmax"], vocab) if same else None)
     exported = export_lib.load_export(init_from)
     same = exported.vocab is not None and exported.vocab.words == vocab.words
     return Pretrained(exported.options, exported.params, exported.softmax if same else None)
 
 
 class MetricsLog:
-    """WORKDIR/metrics.jsonl: one JSON record per log or evaluation event."""
+    """WORKDIR/metrics.jsonl, one JSON record per log or evaluation event, and
+    the same numbers as TensorBoard scalars in WORKDIR/tensorboard (tensorboardX:
+    event files without TensorFlow). Process 0 writes."""
 
     def __init__(self, workdir: str):
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self.tensorboard_dir = os.path.join(workdir, "tensorboard")
+        self._writer = None
 
     def write(self, record: dict) -> None:
-        if jax.process_index() == 0:
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record) + "\n")
+        if jax.process_index() != 0:
+            return
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self._writer is None:
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(self.tensorboard_dir, flush_secs=30)
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._writer.add_scalar(key, value, record["step"])
+        self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

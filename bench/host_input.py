@@ -1,0 +1,74 @@
+"""The host input pipeline's speed: tokens/s that one process's `data.Batcher`
+turns from text into training batches (reading, shuffling, windows, token
+tables and character ids), against what one host must feed by the plan.
+
+    python bench/host_input.py [--config original] [--seconds 20]
+
+Corpus: the bilm-tf peer's KJV Bible when it is set up, else a synthetic one
+(Zipfian words over a 100,000-word vocabulary, so that token tables and the
+character-id cache see a realistic spread of distinct words).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+
+def synthetic_corpus(path: str, sentences: int = 200_000, vocab: int = 100_000) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}x" for i in range(vocab)]
+    lengths = rng.integers(5, 45, sentences)
+    ids = np.minimum(rng.zipf(1.2, int(lengths.sum())), vocab) - 1
+    with open(path, "w", encoding="utf-8") as fh:
+        pos = 0
+        for n in lengths:
+            fh.write(" ".join(words[i] for i in ids[pos:pos + n]) + "\n")
+            pos += n
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="original")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--groups", type=int, default=8, help="devices fed by this host")
+    ap.add_argument("--json-out")
+    args = ap.parse_args(argv)
+    from elmo_jax.data import Batcher, TextSource, vocab_from_files
+
+    options = _common.load_config(args.config).model
+    kjv = os.path.join(_common.PEERS_HOME, "bilm-tf-data", "train.txt")
+    tmp = tempfile.mkdtemp()
+    corpus = kjv if os.path.exists(kjv) else os.path.join(tmp, "corpus.txt")
+    if corpus != kjv:
+        synthetic_corpus(corpus)
+    vocab = vocab_from_files(corpus, max_vocab=100_000)[0]
+    batch = options.batch_size * args.groups  # 128 rows per device, as in the plan
+    batcher = Batcher(TextSource(corpus, seed=0), vocab, batch, options.unroll_steps,
+                      options.char_cnn.max_characters_per_token, n_groups=args.groups)
+    next(batcher)  # loads the shard
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < args.seconds:
+        next(batcher)
+        n += 1
+    seconds = time.perf_counter() - t0
+    tokens = n * batch * options.unroll_steps
+    result = {"benchmark": "host_input", "config": args.config,
+              "corpus": "kjv" if corpus == kjv else "synthetic zipf", "rows": batch,
+              "groups": args.groups, "batches": n, "seconds": round(seconds, 2),
+              "tokens_per_s": round(tokens / seconds), **_common.machine()}
+    _common.write_json(args.json_out, result)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""A plan before a pod: compile the train step ahead of time for a mesh (on
+simulated CPU devices: nothing runs) and report what each device must hold and
+what an epoch costs.
+
+    python train.py plan --config original --vocab_size 793471 --mesh data=8,model=8
+
+Per device: the parameters, the optimizer state and the LSTM state (from the
+state's shardings), and the compiled program's own figures (arguments, outputs,
+temporaries: XLA's memory analysis of the per-device program). Per step: the
+useful FLOPs (counted from the model: XLA's cost analysis counts a loop body
+once), and the time of one epoch of the 1B Word Benchmark (768,648,884 training
+tokens, bilm-tf's n_train_tokens) at a stated utilisation of named
+accelerators' peak matmul throughput.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+
+from elmo_jax.config import Config
+from elmo_jax.options import ElmoOptions
+from elmo_jax.training.partitioning import batch_shardings, create_train_step, make_mesh
+
+LM1B_TRAIN_TOKENS = 768_648_884
+
+# Dense peak matmul throughput per chip, TFLOP/s, from the vendors' datasheets:
+# NVIDIA H100 SXM5 and A100 SXM4 (bf16 tensor cores; float32 matmuls at JAX's
+# default precision run on TF32 tensor cores), Google Cloud TPU v4 and v5p (bf16).
+PEAK_TFLOPS = {
+    "H100-SXM": {"bfloat16": 989.4, "float32": 494.7},
+    "A100-SXM": {"bfloat16": 312.0, "float32": 156.0},
+    "TPU-v4": {"bfloat16": 275.0},
+    "TPU-v5p": {"bfloat16": 459.0},
+}
+
+
+def forward_flops_per_token(options: ElmoOptions) -> dict:
+    """2 x multiply-adds of one token through the biLM (no softmax): the token
+    encoder once, and each LSTM layer in both directions."""
+    c, lo = options.char_cnn, options.lstm
+    E, F, P, D = c.embedding_dim, c.n_filters, lo.projection_dim, lo.dim
+    C = c.max_characters_per_token
+    cnn = sum(2 * (C - w + 1) * w * E * n for w, n in c.filters)
+    highway = c.n_highway * 2 * (2 * F * F)
+    proj = 2 * F * P
+    lstm_layer = 2 * (P * 4 * D) + 2 * (P * 4 * D) + 2 * (D * P)  # input, recurrent, projection
+    return {"token_encoder": cnn + highway + proj, "lstm": 2 * lo.n_layers * lstm_layer}
+
+
+def train_flops_per_token(options: ElmoOptions, vocab_size: int, full_softmax: bool) -> float:
+    """Forward + backward (3x the forward) per window position: the LSTMs, the
+    token encoder (counted for every position: an upper bound, batches encode
+    each distinct token once) and the softmax of both directions."""
+    f = forward_flops_per_token(options)
+    classes = vocab_size if full_softmax else options.n_negative_samples_batch + 1
+    softmax = 2 * 2 * classes * options.lstm.projection_dim
+    return 3 * (f["lstm"] + 2 * f["token_encoder"] + softmax)
+
+
+def _per_device_bytes(tree) -> int:
+    """Bytes one device holds of a tree of sharded abstract arrays."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape = leaf.sharding.shard_shape(leaf.shape)
+        total += int(np.prod(shape, dtype=np.int64)) * leaf.dtype.itemsize
+    return total
+
+
+def _abstract_batch(options: ElmoOptions, mesh) -> dict:
+    """The largest batch: every position of a row group a distinct token."""
+    S, B, U = mesh.size, options.batch_size, options.unroll_steps
+    C = options.char_cnn.max_characters_per_token
+    table = -(-(2 * (B // S) * U + 1) // 128) * 128
+    shapes = {"token_chars": ((S, table, C), np.int32), "token_index": ((2, B, U), np.int32),
+              "targets": ((2, B, U), np.int32), "mask": ((B, U), bool)}
+    shardings = batch_shardings(mesh)
+    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=shardings[k])
+            for k, (shape, dtype) in shapes.items()}
+
+
+def plan(config: Config, vocab_size: int, n_data: int, n_model: int,
+         utilisation: float = 0.4) -> dict:
+    """Compile (never run) the train step for a data x model mesh; see the module."""
+    n = n_data * n_model
+    if jax.device_count() < n:
+        raise ValueError(f"the mesh needs {n} devices, {jax.device_count()} are here (the plan "
+                         "command simulates them on the CPU)")
+    options = config.model.replace(n_tokens_vocab=vocab_size)
+    train = dataclasses.replace(config.train, mesh_model=n_model)
+    mesh = make_mesh(n_model, jax.devices()[:n])
+    built = create_train_step(options, train, vocab_size, mesh)
+    compiled = built.step.lower(built.abstract_state, _abstract_batch(options, mesh)).compile()
+    memory = compiled.memory_analysis()
+    state = built.abstract_state
+    tokens = options.batch_size * options.unroll_steps
+    full = train.softmax == "full" or options.sample_softmax is False
+    flops = train_flops_per_token(options, vocab_size, full) * tokens
+    steps = math.ceil(LM1B_TRAIN_TOKENS / tokens)
+    dtype = "bfloat16" if train.compute_dtype == "bfloat16" else "float32"
+    epoch = {name: round(steps * flops / (n * peaks[dtype] * 1e12 * utilisation) / 3600, 2)
+             for name, peaks in PEAK_TFLOPS.items() if dtype in peaks}
+    return {
+        "mesh": {"data": n_data, "model": n_model}, "vocab_size": vocab_size,
+        "softmax": "full" if full else "sampled", "compute_dtype": train.compute_dtype,
+        "batch_size": options.batch_size, "unroll_steps": options.unroll_steps,
+        "per_device_bytes": {
+            "params": _per_device_bytes(state.params),
+            "optimizer_state": _per_device_bytes(state.opt_state),
+            "lstm_state": _per_device_bytes(state.lstm_state),
+            "compiled_arguments": int(memory.argument_size_in_bytes),
+            "compiled_outputs": int(memory.output_size_in_bytes),
+            "compiled_temporaries": int(memory.temp_size_in_bytes),
+            "compiled_peak": int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+                                 + memory.temp_size_in_bytes - memory.alias_size_in_bytes),
+        },
+        "flops_per_step": flops, "tokens_per_step": tokens, "steps_per_lm1b_epoch": steps,
+        "utilisation": utilisation,
+        "lm1b_epoch_hours": epoch,
+    }
