@@ -53,6 +53,7 @@ class TrainConfig:
                                               # 0: chosen by the vocabulary's size
     softmax: str = "sampled"                  # "full": train on the exact softmax
     softmax_chunk: int = 16384                # vocabulary rows per chunk of the full softmax
+    input_workers: int = 0                    # > 0: batches made ahead in this many processes
     scan_unroll: int = 1
     compute_dtype: str = "float32"            # "bfloat16": bf16 matmuls, f32 state
 

@@ -135,3 +135,53 @@ def test_lm1b_source_through_tfds_mock_data():
             np.testing.assert_array_equal(window_char_ids(next(b)), window_char_ids(w))
         halves = [set(lm1b_source("train", process_index=i, process_count=2).mine) for i in (0, 1)]
         assert not halves[0] & halves[1] and len(halves[0] | halves[1]) == 50
+
+
+def _shards(tmp_path, n=4, per=30):
+    import random
+
+    rnd = random.Random(0)
+    words = [f"w{i}" for i in range(40)]
+    sentences = []
+    for k in range(n):
+        lines = [[rnd.choice(words) for _ in range(rnd.randint(1, 9))] for _ in range(per)]
+        sentences += lines
+        (tmp_path / f"s{k}.txt").write_text("\n".join(" ".join(s) for s in lines) + "\n")
+    return str(tmp_path / "s*.txt"), _vocab(sentences)
+
+
+def test_parallel_batcher_is_its_workers_batchers_side_by_side(tmp_path):
+    from elmo_jax.data import ParallelBatcher
+
+    pattern, vocab = _shards(tmp_path)
+    par = ParallelBatcher(pattern, vocab, batch_size=6, unroll_steps=4, n_groups=2, workers=2,
+                          seed=3)
+    direct = [Batcher(TextSource(pattern, seed=3, process_index=w, process_count=2), vocab,
+                      3, 4, n_groups=1) for w in range(2)]
+    try:
+        for _ in range(5):
+            got = next(par)
+            parts = [next(b) for b in direct]
+            np.testing.assert_array_equal(got["targets"],
+                                          np.concatenate([p["targets"] for p in parts], 1))
+            np.testing.assert_array_equal(got["mask"], np.concatenate([p["mask"] for p in parts]))
+            np.testing.assert_array_equal(
+                window_char_ids(got),
+                np.concatenate([window_char_ids(p) for p in parts], axis=1))
+        saved = par.position()
+        after = [next(par) for _ in range(3)]
+    finally:
+        par.close()
+    again = ParallelBatcher(pattern, vocab, batch_size=6, unroll_steps=4, n_groups=2, workers=2,
+                            seed=3)
+    again.restore(saved)
+    try:
+        for want in after:
+            got = next(again)
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k])
+    finally:
+        again.close()
+    three = ParallelBatcher(pattern, vocab, batch_size=6, unroll_steps=4, n_groups=3, workers=3)
+    with pytest.raises(DataError, match="of 2 input workers; this run has 3"):
+        three.restore(saved)

@@ -92,7 +92,7 @@ def test_a_stop_reaching_one_process_stops_both_at_one_step(tmp_path, how):
     step after one checkpoint, and a restart of both resumes after it."""
     pattern = _sharded_corpus(tmp_path)
     work = str(tmp_path / "run")
-    extra = ((), ()) if how == "sigterm" else (("--max_seconds", "15"), ())
+    extra = ((), ()) if how == "sigterm" else (("--max_seconds", "8"), ())
     procs = _start_two_hosts(pattern, work, 100000, checkpoint_every=10**6, extra=extra)
     if how == "sigterm":
         t0 = time.time()

@@ -115,17 +115,18 @@ def _device_run(files, workdir, n_devices, mesh_model=1, softmax="sampled"):
 
 
 def test_one_device_and_eight_devices_give_the_same_losses(tmp_path):
-    """8 simulated devices, data x model = 8x1, 4x2 and 2x4 (the softmax rows
+    """8 simulated devices, data x model = 4x2 and 2x4 (the batch rows over all
+    8, the softmax rows
     split over `model`, its candidates and labels gathered from the shards, the
     full softmax's logsumexp combined across them), sampled and exact full
     softmax (in vocabulary chunks): the losses of one device."""
     files = write_grammar_corpus(tmp_path / "data")
-    for softmax, meshes in (("sampled", (8, 2, 4)), ("full", (2, 4))):
+    for softmax, meshes in (("sampled", (2, 4)), ("full", (2, 4))):
         one = _device_run(files, tmp_path / f"one-{softmax}", 1, softmax=softmax)
         assert one["devices"] == 1 and len(one["losses"]) == 5
         for model in meshes:
-            other = _device_run(files, tmp_path / f"{softmax}-{model}", 8,
-                                mesh_model=model if model < 8 else 1, softmax=softmax)
+            other = _device_run(files, tmp_path / f"{softmax}-{model}", 8, mesh_model=model,
+                                softmax=softmax)
             assert other["devices"] == 8
             for step, loss in one["losses"].items():
                 assert abs(other["losses"][step] - loss) <= 1e-5 * abs(loss), (softmax, model,
@@ -340,3 +341,20 @@ def test_metrics_also_go_to_tensorboard(tmp_path):
             if key in r:
                 assert scalars[key][r["step"]] == pytest.approx(r[key], rel=1e-6), key
     assert set(scalars["eval_ppl"]) == {4}
+
+
+def test_batches_made_ahead_in_worker_processes_train_and_resume(tmp_path):
+    files = write_grammar_corpus(tmp_path / "data")
+    lines = open(files["train.txt"]).read().splitlines(keepends=True)
+    for i in range(2):
+        with open(tmp_path / "data" / f"part-{i}.txt", "w") as fh:
+            fh.writelines(lines[i::2])
+    pattern = str(tmp_path / "data" / "part-*.txt")
+    config = tiny(max_steps=6, input_workers=2, checkpoint_every=3)
+    straight = run(config, pattern, files["vocab.txt"], tmp_path / "straight")
+    run(tiny(max_steps=3, input_workers=2, checkpoint_every=3), pattern, files["vocab.txt"],
+        tmp_path / "resumed")
+    resumed = run(config, pattern, files["vocab.txt"], tmp_path / "resumed")
+    assert straight["step"] == resumed["step"] == 6
+    assert losses_by_step(tmp_path / "resumed")[6] == pytest.approx(
+        losses_by_step(tmp_path / "straight")[6], rel=1e-6)

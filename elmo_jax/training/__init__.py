@@ -4,6 +4,7 @@
     partitioning.py  the Mesh, shardings, global batch, `create_train_step`
     workdir.py       checkpoints, the run's config, `restore_latest`, export, fine-tune loading
     loop.py          `train_and_evaluate(config, workdir)`, `evaluate`
+    plan.py          the train step compiled ahead of time for a mesh: bytes, FLOPs, epoch time
 """
 from elmo_jax.training.loop import evaluate, evaluate_workdir, train_and_evaluate
 from elmo_jax.training.partitioning import (create_train_step, global_batch, make_mesh)

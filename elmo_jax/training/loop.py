@@ -114,6 +114,14 @@ def _batcher(config: Config, vocab: Vocabulary, mesh, source=None) -> data_lib.B
         if not config.data.train_files:
             raise ConfigError("no training data: give --train_files (data.train_files) or "
                               "--source lm1b")
+        if config.train.input_workers > 0:
+            options = config.model
+            return data_lib.ParallelBatcher(
+                config.data.train_files, vocab, options.batch_size // jax.process_count(),
+                options.unroll_steps, options.char_cnn.max_characters_per_token,
+                n_groups=mesh.size // jax.process_count(), workers=config.train.input_workers,
+                seed=config.train.seed, process_index=jax.process_index(),
+                process_count=jax.process_count())
         source = data_lib.TextSource(config.data.train_files, seed=config.train.seed,
                                      process_index=jax.process_index(),
                                      process_count=jax.process_count())
@@ -253,6 +261,8 @@ def train_and_evaluate(config: Config, workdir: str, progress: bool = True, sour
                          resume_step, progress)
     finally:
         mngr.wait_until_finished()
+        if hasattr(batcher, "close"):
+            batcher.close()
 
 
 def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, last_saved,

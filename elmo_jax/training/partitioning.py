@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from elmo_jax.config import TrainConfig
+from elmo_jax.data import pad_tables
 from elmo_jax.options import ElmoOptions
 from elmo_jax.training.steps import (SOFTMAX_ROW_MULTIPLE, TrainState, init_train_state,
                                      make_optimizer, softmax_rows, train_step)
@@ -73,16 +74,6 @@ def batch_shardings(mesh: Mesh) -> dict:
             "token_index": NamedSharding(mesh, P(None, ROWS)),
             "targets": NamedSharding(mesh, P(None, ROWS)),
             "mask": NamedSharding(mesh, P(ROWS))}
-
-
-def pad_tables(batch: dict, n: int) -> dict:
-    """Pad the token tables to n rows (processes must agree on the shape)."""
-    chars = batch["token_chars"]
-    if chars.shape[1] == n:
-        return batch
-    padded = np.zeros(chars.shape[:1] + (n,) + chars.shape[2:], chars.dtype)
-    padded[:, :chars.shape[1]] = chars
-    return {**batch, "token_chars": padded}
 
 
 def process_part(batch: dict, mesh: Mesh) -> dict:
