@@ -144,7 +144,7 @@ def embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array, option
     return out
 
 
-def _bucket(n: int, smallest: int) -> int:
+def bucket(n: int, smallest: int = 8) -> int:
     """The next power of two >= n (at least `smallest`): few distinct shapes,
     so few compilations."""
     b = smallest
@@ -223,7 +223,7 @@ class Elmo:
 
     def _encode(self, tokens: Sequence[str]) -> np.ndarray:
         C = self.options.char_cnn.max_characters_per_token
-        ids = np.zeros((_bucket(len(tokens), 16), C), np.int32)
+        ids = np.zeros((bucket(len(tokens), 16), C), np.int32)
         for i, t in enumerate(tokens):
             ids[i] = chars.token_to_char_ids(t, C)
         return np.asarray(encode_tokens(self.params, ids, self.options))[:len(tokens)]
@@ -249,8 +249,8 @@ class Elmo:
         """[L+1, len(batch), T, 2P] for the sentences of one batch, in order."""
         order = list(range(len(batch)))
         lengths = [len(s) for s in batch]
-        T = _bucket(max(lengths), self.min_length_bucket)
-        rows = len(batch) if self.stateful else _bucket(len(batch), 1)
+        T = bucket(max(lengths), self.min_length_bucket)
+        rows = len(batch) if self.stateful else bucket(len(batch), 1)
         # Pack (longest first, LSTMs skip the padding) only when padding would be
         # much of the work: a length-sorted corpus then reuses a few compiled shapes.
         pack = self.pack and sum(n + 2 for n in lengths) < 0.5 * rows * (T + 2)

@@ -22,17 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.chars import batch_to_char_ids
+from elmo_jax.embedding import bucket
 from elmo_jax.model import BiLM, LSTMState, init_state
 from elmo_jax.options import ElmoOptions
 from elmo_jax.softmax import full_softmax_loss
 from elmo_jax.vocab import BOS, EOS, Vocabulary
-
-
-def _bucket(n: int, smallest: int = 8) -> int:
-    b = smallest
-    while b < n:
-        b *= 2
-    return b
 
 
 def sentence_readings(sentences: Sequence[Sequence[str]], vocab: Vocabulary, max_chars: int,
@@ -90,8 +84,8 @@ def score_sentences(params: dict, softmax: dict, options: ElmoOptions, vocab: Vo
     state = init_state(options, 1)
     for start in range(0, len(sentences), step):
         part = sentences[start:start + step]
-        T = _bucket(max(len(s) for s in part) + 1)
-        rows = len(part) if stateful else _bucket(len(part), 1)
+        T = bucket(max(len(s) for s in part) + 1)
+        rows = len(part) if stateful else bucket(len(part), 1)
         ids, targets, mask = sentence_readings(part, vocab, C, T, rows)
         logp, new_state = sentence_log_probs(
             params, softmax, ids, targets, mask,

@@ -33,7 +33,7 @@ import optax
 
 from elmo_jax.chars import batch_to_char_ids
 from elmo_jax.cli import print_result, run_cli
-from elmo_jax.embedding import embed
+from elmo_jax.embedding import bucket, embed
 from elmo_jax.export import load_export
 from elmo_jax.modules import ElmoEmbedder, init_variables
 from elmo_jax.options import ElmoOptions
@@ -95,13 +95,6 @@ class Tagger(nn.Module):
         return nn.Dense(self.n_tags)(x)
 
 
-def _bucket(n: int) -> int:
-    b = 8
-    while b < n:
-        b *= 2
-    return b
-
-
 def make_batches(data, tag_index, word_index, batch_size, max_chars=50):
     """Length-sorted batches of numpy arrays; lengths padded to powers of two
     and every batch to `batch_size` rows, so that few shapes are compiled."""
@@ -109,7 +102,7 @@ def make_batches(data, tag_index, word_index, batch_size, max_chars=50):
     batches = []
     for start in range(0, len(order), batch_size):
         rows = [data[i] for i in order[start:start + batch_size]]
-        T = _bucket(max(len(t) for t, _ in rows))
+        T = bucket(max(len(t) for t, _ in rows))
         sents = [t for t, _ in rows] + [[]] * (batch_size - len(rows))
         tags = np.zeros((batch_size, T), np.int32)
         words = np.zeros((batch_size, T), np.int32)

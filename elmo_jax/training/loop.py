@@ -104,31 +104,25 @@ def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bo
     return config.replace(model=model.replace(n_tokens_vocab=len(vocab))), pretrained
 
 
-def _batcher(config: Config, vocab: Vocabulary, mesh, source=None) -> data_lib.Batcher:
+def _batcher(config: Config, vocab: Vocabulary, mesh, source=None):
     """This process's rows of the global batch, one token table per local device."""
+    options = config.model
+    rows, groups = options.batch_size // jax.process_count(), mesh.size // jax.process_count()
+    shape = (options.unroll_steps, options.char_cnn.max_characters_per_token)
+    where = dict(seed=config.train.seed, process_index=jax.process_index(),
+                 process_count=jax.process_count())
     if source is None and config.data.source == "lm1b":
-        source = data_lib.lm1b_source("train", seed=config.train.seed,
-                                      process_index=jax.process_index(),
-                                      process_count=jax.process_count())
+        source = data_lib.lm1b_source("train", **where)
     elif source is None:
         if not config.data.train_files:
             raise ConfigError("no training data: give --train_files (data.train_files) or "
                               "--source lm1b")
         if config.train.input_workers > 0:
-            options = config.model
-            return data_lib.ParallelBatcher(
-                config.data.train_files, vocab, options.batch_size // jax.process_count(),
-                options.unroll_steps, options.char_cnn.max_characters_per_token,
-                n_groups=mesh.size // jax.process_count(), workers=config.train.input_workers,
-                seed=config.train.seed, process_index=jax.process_index(),
-                process_count=jax.process_count())
-        source = data_lib.TextSource(config.data.train_files, seed=config.train.seed,
-                                     process_index=jax.process_index(),
-                                     process_count=jax.process_count())
-    options = config.model
-    return data_lib.Batcher(source, vocab, options.batch_size // jax.process_count(),
-                            options.unroll_steps, options.char_cnn.max_characters_per_token,
-                            n_groups=mesh.size // jax.process_count())
+            return data_lib.ParallelBatcher(config.data.train_files, vocab, rows, *shape,
+                                            n_groups=groups, workers=config.train.input_workers,
+                                            **where)
+        source = data_lib.TextSource(config.data.train_files, **where)
+    return data_lib.Batcher(source, vocab, rows, *shape, n_groups=groups)
 
 
 def _max_steps(config: Config) -> float:
