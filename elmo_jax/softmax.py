@@ -11,15 +11,11 @@ jittable, a fixed number M of draws is made and the first S distinct ones are
 kept; M is chosen so that finding fewer than S is vanishingly rare (missing
 slots are then masked out, which only makes the estimate use fewer samples).
 
-Training draws with TF's own formula, floor(exp(u * log(V + 1))) - 1
-(`log_uniform_draws`). In float32 that formula cannot reach part of a large
-vocabulary (at V = 793,471 a fifth of the ids above 600,000);
-`exact_log_uniform_draws` follows the law exactly for any V (two stages whose
-float32 arithmetic loses nothing, tested against the law), but training the
-tiny model on the demo corpus with it left the backward LM unusable from a zero
-state (eval perplexity in the millions, 3 seeds) while the per-step loss and
-gradient statistics matched TF's formula: not understood yet, so it is not
-what training uses.
+The draws themselves follow TF's law exactly for any V (`exact_log_uniform_draws`:
+two stages whose float32 arithmetic loses nothing). TF's own formula,
+floor(exp(u * log(V + 1))) - 1, is exact in TF's double precision but not in
+float32, where it cannot reach part of a large vocabulary (at V = 793,471 a
+fifth of the ids above 600,000) and draws their neighbours too often.
 """
 from __future__ import annotations
 
@@ -73,14 +69,6 @@ def draw_in_blocks(key: jax.Array, lo: jax.Array, hi: jax.Array, tries: int = 32
     return jnp.take_along_axis(m, first[None], axis=0)[0]
 
 
-def log_uniform_draws(key: jax.Array, n: int, vocab_size: int) -> jax.Array:
-    """n draws [n] int32 of the log-uniform law over 0..V-1 by TF's formula (in
-    float32: exact for small vocabularies, some high ids unreachable in large ones)."""
-    u = jax.random.uniform(key, (n,))
-    draws = jnp.floor(jnp.exp(u * math.log(vocab_size + 1.0))) - 1.0
-    return jnp.clip(draws, 0, vocab_size - 1).astype(jnp.int32)
-
-
 def exact_log_uniform_draws(key: jax.Array, n: int, vocab_size: int) -> jax.Array:
     """n independent draws [n] int32 of the log-uniform law over 0..V-1, exact
     for every k: m = k + 1 has a power-of-two block [2^j, 2^(j+1)) drawn by the
@@ -124,7 +112,7 @@ def num_draws(num_sampled: int, vocab_size: int) -> int:
 def log_uniform_sample(key: jax.Array, num_sampled: int, vocab_size: int) -> Candidates:
     """S distinct classes in the order TF's unique sampler would find them."""
     M = num_draws(num_sampled, vocab_size)
-    draws = log_uniform_draws(key, M, vocab_size)
+    draws = exact_log_uniform_draws(key, M, vocab_size)
     order = jnp.argsort(draws, stable=True)
     sorted_draws = draws[order]
     first_in_sorted = jnp.concatenate([jnp.ones((1,), bool), sorted_draws[1:] != sorted_draws[:-1]])

@@ -144,3 +144,30 @@ def test_chunked_full_softmax_equals_the_unchunked_loss_and_gradient():
                                    full_softmax_loss(w, b, h, y), rtol=2e-6, atol=2e-6)
         for a, r in zip(jax.grad(f, (0, 1, 2))(w, b, h), jax.grad(g, (0, 1, 2))(w, b, h)):
             np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5)
+
+
+def test_training_sampler_inclusions_match_expected_counts_at_lm1b_size():
+    """What training uses (`log_uniform_sample`, S = 8,192 as the original
+    config): how often ids of each range, the top ids included, are among the
+    candidates agrees with TF's expected counts, the correction the loss applies."""
+    S = 8192
+    sample = jax.jit(jax.vmap(lambda k: log_uniform_sample(k, S, V_LM1B)))
+    counts = jax.jit(jax.vmap(lambda t: expected_count(jnp.arange(V_LM1B), t, S, V_LM1B)))
+    ids, ec = [], []
+    for key in jax.random.split(jax.random.PRNGKey(11), 4):  # 4 x 64 samples, ~4.5M draws
+        cand = sample(jax.random.split(key, 64))
+        assert np.asarray(cand.valid).all()
+        ids.append(np.asarray(cand.ids))
+        ec.append(np.asarray(counts(cand.num_tries), np.float64))
+    ids, ec = np.concatenate(ids), np.concatenate(ec)
+    for lo, hi in ((0, 100), (100, 10_000), (10_000, 100_000), (100_000, 600_000),
+                   (600_000, 700_000), (700_000, V_LM1B)):
+        got = np.sum((ids >= lo) & (ids < hi))
+        want = ec[:, lo:hi].sum()
+        sd = np.sqrt(np.sum(ec[:, lo:hi] * (1 - ec[:, lo:hi])))
+        assert abs(got - want) < 5 * sd + 1, (lo, hi, got, want, sd)
+    # every id reachable: as many distinct top ids as the counts predict (TF's
+    # float32 formula piles a fifth of them onto their neighbours)
+    miss = np.prod(1 - ec[:, 700_000:], axis=0)
+    seen = len(np.unique(ids[ids >= 700_000]))
+    assert abs(seen - np.sum(1 - miss)) < 5 * np.sqrt(np.sum(miss * (1 - miss))), seen
