@@ -141,7 +141,109 @@ def finish(summary: dict, runs: dict, peer: str, json_out: str | None) -> int:
     if runs[peer]:
         summary[f"ratio_vs_{key}"] = round(summary["elmo_jax_tokens_per_s"]
                                            / summary[f"{key}_tokens_per_s"], 2)
+        if "limit" in summary:  # the same useful work in the peer's time
+            summary["limit"][f"{key}_useful_gflops_per_s"] = round(
+                summary["limit"]["useful_gflops_per_s"] / summary[f"ratio_vs_{key}"], 1)
     summary["runs"] = runs
     write_json(json_out, summary)
     print(json.dumps(summary))
     return 0
+
+
+# --- the walls: what the machine can do, measured in the same run -------------------------
+
+def matmul_peak_gflops(dtype: str = "float32", n: int = 2048, reps: int = 10) -> float:
+    """Measured matmul throughput of this machine through XLA (n x n x n, f32
+    accumulation for bf16), GFLOP/s."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n)).astype(dtype)
+    f = jax.jit(lambda a: jnp.dot(a, a, preferred_element_type=jnp.float32))
+    f(a).block_until_ready()
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        t.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(t) / 1e9
+
+
+def memory_bandwidth_gbs(mib: int = 512, reps: int = 7) -> float:
+    """Measured read bandwidth from DRAM through XLA (a sum over `mib` MiB, far
+    larger than the caches), GB/s."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
+    f = jax.jit(jnp.sum)
+    f(x).block_until_ready()
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(x).block_until_ready()
+        t.append(time.perf_counter() - t0)
+    return x.nbytes / statistics.median(t) / 1e9
+
+
+def lstm_stream_bytes(options, rows: int, timesteps: int, weight_bytes: int, train: bool,
+                      positions: int | None = None) -> dict:
+    """Bytes a pass over `rows` x `timesteps` must move to and from memory at the
+    least, for the layers whose weights cannot stay in cache:
+
+    - weights: each recurrent step reads every layer's and direction's recurrent
+      [P, 4D] and projection [D, P] matrices (training: again in the backward
+      scan); the other weights once (training: parameters, gradients and
+      Adagrad accumulators read and written once, in float32);
+    - activations: the gate pre-activations [4D] per position, layer and
+      direction are written and read once (training: the cell, hidden and
+      projected states too, kept for the backward pass and read back), float32.
+    `positions` (default rows x timesteps) counts the real ones of a packed schedule."""
+    lo = options.lstm
+    P, D, L = lo.projection_dim, lo.dim, lo.n_layers
+    per_step = 2 * L * (P * 4 * D + D * P)                      # recurrent + projection params
+    recurrent = timesteps * per_step * weight_bytes * (2 if train else 1)
+    c = options.char_cnn
+    encoder = (sum(w * c.embedding_dim * n for w, n in c.filters)
+               + c.n_highway * 2 * c.n_filters ** 2 + c.n_filters * P)
+    others = (2 * L * P * 4 * D + encoder) * weight_bytes   # input-gate matrices + encoder
+    positions = rows * timesteps if positions is None else positions
+    per_position = 2 * L * 4 * D * 4 * 2                      # gates written + read
+    if train:
+        per_position += 2 * L * (2 * D + P) * 4 * 2           # c, h, projection kept + read
+        n_params = per_step + 2 * L * P * 4 * D + encoder
+        others += n_params * 4 * 5                             # params, grad, accumulator
+    return {"weights": recurrent + others, "activations": positions * per_position}
+
+
+def limit_column(useful_flops: float, seconds: float, peak_gflops: float, bytes_moved: float,
+                 bandwidth_gbs: float) -> dict:
+    """Which wall a measurement stands against and how far: the time the
+    useful FLOPs take at the measured matmul peak, the time the bytes take at
+    the measured bandwidth, and the share of the measured time each explains."""
+    t_flops = useful_flops / (peak_gflops * 1e9)
+    t_bytes = bytes_moved / (bandwidth_gbs * 1e9)
+    return {"useful_gflops_per_s": round(useful_flops / seconds / 1e9, 1),
+            "matmul_peak_gflops_per_s": round(peak_gflops, 1),
+            "bandwidth_gbs": round(bandwidth_gbs, 1),
+            "bytes_per_pass_gb": round(bytes_moved / 1e9, 3),
+            "compute_floor_s": round(t_flops, 4), "memory_floor_s": round(t_bytes, 4),
+            "of_compute_wall": round(t_flops / seconds, 2),
+            "of_memory_wall": round(t_bytes / seconds, 2),
+            "wall": "compute" if t_flops >= t_bytes else "memory"}
+
+
+def median_limit(limits: list[dict]) -> dict:
+    """The median of each number over runs (the wall named by the median run)."""
+    keys = [k for k, v in limits[0].items() if isinstance(v, (int, float))]
+    out = {k: statistics.median(x[k] for x in limits) for k in keys}
+    out["wall"] = "compute" if out["compute_floor_s"] >= out["memory_floor_s"] else "memory"
+    return out
+
+
+def print_limit(lim: dict) -> None:
+    print(f"limit: {lim['useful_gflops_per_s']} GFLOP/s useful of a measured "
+          f"{lim['matmul_peak_gflops_per_s']} GFLOP/s matmul peak ({100 * lim['of_compute_wall']:.0f}% "
+          f"of the compute wall); {lim['bytes_per_pass_gb']} GB to stream at a measured "
+          f"{lim['bandwidth_gbs']} GB/s ({100 * lim['of_memory_wall']:.0f}% of the memory wall); "
+          f"nearer wall: {lim['wall']}")

@@ -64,22 +64,6 @@ def run_elmo_jax(config: str, dtype: str) -> dict:
                                                                                "cpu")))
 
 
-def matmul_peak_gflops(n: int = 2048, reps: int = 10) -> float:
-    """Measured f32 matmul throughput of this machine through XLA."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n))
-    f = jax.jit(lambda a: a @ a)
-    f(a).block_until_ready()
-    t = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f(a).block_until_ready()
-        t.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / statistics.median(t) / 1e9
-
-
 def worker(config: str, dtype: str) -> dict:
     """One elmo-jax measurement, in its own process."""
     import jax.numpy as jnp
@@ -115,9 +99,19 @@ def worker(config: str, dtype: str) -> dict:
                        load_s=round(load_s, 2), first_call_s=round(first_call_s, 2),
                        system_busy_before=busy, **info)
     res["gflops_per_s"] = round(total_flops / res["median_s"] / 1e9, 1)
-    # read before the peak-matmul probe below, whose 2048^2 matrices the peer never allocates
+    # read before the probes below, whose large arrays the peer never allocates
     res["peak_rss_mib_embed"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    res["matmul_peak_gflops_per_s"] = round(matmul_peak_gflops(), 1)
+    # the walls, measured in this process: the matmul peak in the row's dtype, DRAM
+    # bandwidth, and the bytes the LSTMs must stream (each batch's longest sentence
+    # + <S>/</S> sequential steps; weights in the row's dtype)
+    steps = sum(max(len(s) for s in b) + 2 for b in batches)
+    moved = _common.lstm_stream_bytes(options, 32, steps, jnp.dtype(dtype).itemsize, train=False,
+                                      positions=n_positions)
+    res["limit"] = _common.limit_column(
+        total_flops, res["median_s"], _common.matmul_peak_gflops(dtype), sum(moved.values()),
+        _common.memory_bandwidth_gbs())
+    res["limit"]["bytes_per_pass"] = moved
+    res["matmul_peak_gflops_per_s"] = res["limit"]["matmul_peak_gflops_per_s"]
     return res
 
 
@@ -155,8 +149,10 @@ def main(argv=None):
     summary["elmo_jax_gflops_per_s"] = statistics.median(r["gflops_per_s"] for r in ours)
     summary["matmul_peak_gflops_per_s"] = statistics.median(r["matmul_peak_gflops_per_s"]
                                                             for r in ours)
+    summary["limit"] = _common.median_limit([r["limit"] for r in ours])
     print(f"elmo-jax achieves {summary['elmo_jax_gflops_per_s']} GFLOP/s of useful work; "
-          f"an f32 matmul peaks at {summary['matmul_peak_gflops_per_s']} GFLOP/s here")
+          f"a {args.dtype} matmul peaks at {summary['matmul_peak_gflops_per_s']} GFLOP/s here")
+    _common.print_limit(summary["limit"])
     return _common.finish(summary, runs, "allennlp", args.json_out)
 
 

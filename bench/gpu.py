@@ -61,7 +61,7 @@ def bench_train(config, batch, dtype, seconds, vocab_size):
 
     options = config.model.replace(batch_size=batch, n_tokens_vocab=vocab_size)
     train = dataclasses.replace(config.train, compute_dtype=dtype)
-    mesh = training.make_mesh(train.mesh_model)
+    mesh = training.train_mesh(options, train, vocab_size)
     built = training.create_train_step(options, train, vocab_size, mesh)  # train.py's step
     state, step = built.init(None, None), built.step
     rng = np.random.default_rng(0)

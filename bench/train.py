@@ -85,7 +85,7 @@ def setup(name, dtype="float32", unroll=1):
     config = config.replace(model=config.model.replace(n_tokens_vocab=len(vocab)),
                             train=dataclasses.replace(config.train, compute_dtype=dtype,
                                                       scan_unroll=unroll))
-    mesh = training.make_mesh(config.train.mesh_model)
+    mesh = training.train_mesh(config.model, config.train, len(vocab))
     built = training.create_train_step(config.model, config.train, len(vocab), mesh)
     batcher = Batcher(TextSource(corpus, seed=0), vocab, config.model.batch_size,
                       config.model.unroll_steps, n_groups=mesh.size)
@@ -94,24 +94,39 @@ def setup(name, dtype="float32", unroll=1):
 
 def worker(name, steps, warmup, dtype, unroll) -> dict:
     import jax
+    import jax.numpy as jnp
+    import numpy as np
 
     from elmo_jax import training
 
     config, vocab, built, state, batcher, mesh = setup(name, dtype, unroll)
     options = config.model
     busy = _common.wait_quiet(120)
-    times, ppl = [], []
+    times, ppl, distinct = [], [], []
     cpu0 = time.process_time()
     for i in range(steps):
         t0 = time.perf_counter()
-        state, m = built.step(state, training.global_batch(next(batcher), mesh))
+        batch = next(batcher)
+        state, m = built.step(state, training.global_batch(batch, mesh))
         loss = float(m["loss"])
         times.append(time.perf_counter() - t0)
         ppl.append(round(float(2.718281828 ** min(loss, 50)), 1))
+        distinct.append(int(np.any(batch["token_chars"] != 0, axis=-1).sum()))
     measured = times[warmup:]
     tokens = options.batch_size * options.unroll_steps
     med = statistics.median(measured)
+    # the walls, measured in this process after the timed steps
+    f = _common.forward_flops_per_token(options)
+    softmax = 2 * 2 * (options.n_negative_samples_batch + 1) * options.lstm.projection_dim
+    useful = 3 * (tokens * (f["lstm"] + softmax)
+                  + statistics.median(distinct) * f["token_encoder"])
+    moved = _common.lstm_stream_bytes(options, options.batch_size, options.unroll_steps,
+                                      np.dtype(jnp.dtype(dtype)).itemsize, train=True)
+    limit = _common.limit_column(useful, med, _common.matmul_peak_gflops(dtype),
+                                 sum(moved.values()), _common.memory_bandwidth_gbs())
+    limit["bytes_per_pass"] = moved
     return {"impl": "elmo-jax", "config": name, "dtype": dtype, "scan_unroll": unroll,
+            "limit": limit, "distinct_tokens_per_step": statistics.median(distinct),
             "tokens_per_step": tokens, "steps": steps, "warmup": warmup,
             "median_step_s": round(med, 4), "tokens_per_s": round(tokens / med, 1),
             "first_step_s": round(times[0], 2), "step_times_s": [round(t, 4) for t in times],
@@ -162,6 +177,8 @@ def main(argv=None):
     summary.update(_common.print_runs(runs, rss=lambda r: r["peak_rss_mib_measured"],
                                       first=lambda r: r["first_step_s"],
                                       first_label="first step s"))
+    summary["limit"] = _common.median_limit([r["limit"] for r in runs["elmo-jax"]])
+    _common.print_limit(summary["limit"])
     return _common.finish(summary, runs, "bilm-tf", args.json_out)
 
 

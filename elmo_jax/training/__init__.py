@@ -7,10 +7,11 @@
     plan.py          the train step compiled ahead of time for a mesh: bytes, FLOPs, epoch time
 """
 from elmo_jax.training.loop import evaluate, evaluate_workdir, train_and_evaluate
-from elmo_jax.training.partitioning import (create_train_step, global_batch, make_mesh)
+from elmo_jax.training.partitioning import (create_train_step, global_batch, make_mesh,
+                                            train_mesh)
 from elmo_jax.training.steps import TrainState, eval_step, init_train_state, train_step
 from elmo_jax.training.workdir import TrainingError, export, load_pretrained, restore_latest
 
 __all__ = ["train_and_evaluate", "evaluate", "evaluate_workdir", "create_train_step",
-           "global_batch", "make_mesh", "TrainState", "train_step", "eval_step",
+           "global_batch", "make_mesh", "train_mesh", "TrainState", "train_step", "eval_step",
            "init_train_state", "TrainingError", "export", "load_pretrained", "restore_latest"]

@@ -23,9 +23,9 @@ from elmo_jax import data as data_lib
 from elmo_jax.config import Config, ConfigError, TrainConfig
 from elmo_jax.model import init_state
 from elmo_jax.options import ElmoOptions
-from elmo_jax.training.partitioning import (auto_mesh_model, check_divisible, create_train_step,
+from elmo_jax.training.partitioning import (check_divisible, create_train_step,
                                             global_batch, lstm_state_sharding, make_mesh,
-                                            process_part)
+                                            process_part, train_mesh)
 from elmo_jax.training.steps import eval_step
 from elmo_jax.training.workdir import (MetricsLog, Pretrained, TrainingError, checkpoint_manager,
                                        load_pretrained, read_run, restore_checkpoint,
@@ -238,8 +238,7 @@ def train_and_evaluate(config: Config, workdir: str, progress: bool = True, sour
     mngr = checkpoint_manager(workdir, config.train.max_to_keep)
     resume_step = mngr.latest_step()
     config, pretrained = _resolve_model(config, workdir, vocab, resume_step is not None)
-    mesh = make_mesh(config.train.mesh_model
-                     or auto_mesh_model(len(vocab), config.model, jax.device_count()))
+    mesh = train_mesh(config.model, config.train, len(vocab))
     check_divisible(config.model, len(vocab), mesh)
     batcher = _batcher(config, vocab, mesh, source)
     built = create_train_step(config.model, config.train, len(vocab), mesh)

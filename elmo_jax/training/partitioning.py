@@ -55,6 +55,13 @@ def make_mesh(mesh_model: int = 1, devices=None) -> Mesh:
     return Mesh(grid, ("data", "model"))
 
 
+def train_mesh(options: ElmoOptions, config: TrainConfig, vocab_size: int) -> Mesh:
+    """The mesh training runs on: every device, `config.mesh_model` of them on
+    the model axis (0: `auto_mesh_model`)."""
+    return make_mesh(config.mesh_model
+                     or auto_mesh_model(vocab_size, options, jax.device_count()))
+
+
 def state_shardings(abstract_state: TrainState, mesh: Mesh) -> TrainState:
     """Replicated parameters, LSTM state split by batch row, softmax rows split
     over `model` (optimizer slots follow their parameters)."""

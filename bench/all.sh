@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Every row of BENCHMARKS.md, side by side with the peers, one invocation per row.
+# Run on a quiet machine (any other process halves a measurement); ~50 minutes on 2 cores.
+#   bash bench/all.sh [.venv/bin/python]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:-.venv/bin/python}
+R=bench/results
+$PY bench/embed.py --config allennlp-tiny  --repeats 3 --json-out $R/embed_tiny.json
+$PY bench/embed.py --config allennlp-small --repeats 3 --json-out $R/embed_small.json
+$PY bench/embed.py --config allennlp-small --repeats 3 --dtype bfloat16 --json-out $R/embed_small_bf16.json
+$PY bench/embed.py --config original       --repeats 3 --json-out $R/embed_original.json
+$PY bench/embed.py --config original       --repeats 3 --dtype bfloat16 --json-out $R/embed_original_bf16.json
+$PY bench/train.py --config bilm-tf-small  --repeats 3 --json-out $R/train_small.json
+$PY bench/train.py --config bilm-tf-small  --repeats 3 --dtype bfloat16 --json-out $R/train_small_bf16.json
+$PY bench/train.py --config original       --repeats 2 --json-out $R/train_original.json
+$PY bench/train.py --config original       --repeats 2 --dtype bfloat16 --json-out $R/train_original_bf16.json
+$PY bench/bf16_accuracy.py --config allennlp-small original --json-out $R/bf16_accuracy.json
