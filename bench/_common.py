@@ -34,6 +34,17 @@ def load_config(name: str):
     return load(name)
 
 
+def bench_module(name: str):
+    """bench/NAME.py as a module (by path: the checkout's root also has an embed.py)."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(here, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def peer_dir(name: str) -> str:
     path = os.path.join(PEERS, name)
     if not os.path.isdir(path):
@@ -236,7 +247,7 @@ def limit_column(useful_flops: float, seconds: float, peak_gflops: float, bytes_
 def median_limit(limits: list[dict]) -> dict:
     """The median of each number over runs (the wall named by the median run)."""
     keys = [k for k, v in limits[0].items() if isinstance(v, (int, float))]
-    out = {k: statistics.median(x[k] for x in limits) for k in keys}
+    out = {k: round(statistics.median(x[k] for x in limits), 4) for k in keys}
     out["wall"] = "compute" if out["compute_floor_s"] >= out["memory_floor_s"] else "memory"
     return out
 

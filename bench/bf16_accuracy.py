@@ -53,8 +53,7 @@ def main(argv=None):
     models = {"bilm-tf fixture": (os.path.join(FIXTURE, "options.json"),
                                   os.path.join(FIXTURE, "lm_weights.hdf5"))}
     for name in args.config:
-        from embed import weights_for  # bench/embed.py, beside this file
-        models[name] = weights_for(name)
+        models[name] = _common.bench_module("embed").weights_for(name)
     result = {"benchmark": "bf16_accuracy", **_common.machine(), "models": {}}
     for name, (o, w) in models.items():
         errs = layer_errors(o, w, sentences)

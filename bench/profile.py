@@ -119,12 +119,12 @@ def embed_breakdown(config: str) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    import embed as bench_embed
     from elmo_jax import ElmoOptions, load_weights
     from elmo_jax.chars import token_to_char_ids
     from elmo_jax.embedding import embed_token_vectors, encode_tokens
     from elmo_jax.model import packed_segments
 
+    bench_embed = _common.bench_module("embed")
     sys.path.insert(0, bench_embed.allennlp_paths()[0])
     import bench_embed as be
 
