@@ -163,6 +163,19 @@ def finish(summary: dict, runs: dict, peer: str, json_out: str | None) -> int:
 
 # --- the walls: what the machine can do, measured in the same run -------------------------
 
+def _median_seconds(f, x, reps: int) -> float:
+    """Median wall time of f(x) after one call that compiles it."""
+    import jax
+
+    jax.block_until_ready(f(x))
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(x))
+        t.append(time.perf_counter() - t0)
+    return statistics.median(t)
+
+
 def matmul_peak_gflops(dtype: str = "float32", n: int = 2048, reps: int = 10) -> float:
     """Measured matmul throughput of this machine through XLA (n x n x n, f32
     accumulation for bf16), GFLOP/s."""
@@ -171,13 +184,7 @@ def matmul_peak_gflops(dtype: str = "float32", n: int = 2048, reps: int = 10) ->
 
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n)).astype(dtype)
     f = jax.jit(lambda a: jnp.dot(a, a, preferred_element_type=jnp.float32))
-    f(a).block_until_ready()
-    t = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f(a).block_until_ready()
-        t.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / statistics.median(t) / 1e9
+    return 2 * n ** 3 / _median_seconds(f, a, reps) / 1e9
 
 
 def memory_bandwidth_gbs(mib: int = 512, reps: int = 7) -> float:
@@ -187,14 +194,7 @@ def memory_bandwidth_gbs(mib: int = 512, reps: int = 7) -> float:
     import jax.numpy as jnp
 
     x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
-    f = jax.jit(jnp.sum)
-    f(x).block_until_ready()
-    t = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f(x).block_until_ready()
-        t.append(time.perf_counter() - t0)
-    return x.nbytes / statistics.median(t) / 1e9
+    return x.nbytes / _median_seconds(jax.jit(jnp.sum), x, reps) / 1e9
 
 
 def lstm_stream_bytes(options, rows: int, timesteps: int, weight_bytes: int, train: bool,
