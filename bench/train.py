@@ -98,6 +98,7 @@ def worker(name, steps, warmup, dtype, unroll) -> dict:
     import numpy as np
 
     from elmo_jax import training
+    from elmo_jax.training.plan import train_flops
 
     config, vocab, built, state, batcher, mesh = setup(name, dtype, unroll)
     options = config.model
@@ -116,10 +117,7 @@ def worker(name, steps, warmup, dtype, unroll) -> dict:
     tokens = options.batch_size * options.unroll_steps
     med = statistics.median(measured)
     # the walls, measured in this process after the timed steps
-    f = _common.forward_flops_per_token(options)
-    softmax = 2 * 2 * (options.n_negative_samples_batch + 1) * options.lstm.projection_dim
-    useful = 3 * (tokens * (f["lstm"] + softmax)
-                  + statistics.median(distinct) * f["token_encoder"])
+    useful = train_flops(options, len(vocab), False, tokens, statistics.median(distinct))
     moved = _common.lstm_stream_bytes(options, options.batch_size, options.unroll_steps,
                                       np.dtype(jnp.dtype(dtype)).itemsize, train=True)
     limit = _common.limit_column(useful, med, _common.matmul_peak_gflops(dtype),

@@ -215,7 +215,7 @@ def chunked_softmax_loss(w: jax.Array, b: jax.Array, hidden: jax.Array, labels: 
                                                      + b[labels])
 
 
-ROWS = ("data", "model")  # how batch rows are split (training/partitioning.py)
+ROWS = ("data", "model")  # mesh axes the batch rows are split over (all of them)
 
 
 def _gather_model(x, axis):

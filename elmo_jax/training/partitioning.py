@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from elmo_jax.config import TrainConfig
 from elmo_jax.data import pad_tables
 from elmo_jax.options import ElmoOptions
+from elmo_jax.softmax import ROWS
 from elmo_jax.training.steps import (SOFTMAX_ROW_MULTIPLE, TrainState, init_train_state,
                                      make_optimizer, softmax_rows, train_step)
 
@@ -41,8 +42,6 @@ def auto_mesh_model(vocab_size: int, options: ElmoOptions, n_devices: int) -> in
         m *= 2
     return m
 
-
-ROWS = ("data", "model")  # batch rows are split over both axes
 
 
 def make_mesh(mesh_model: int = 1, devices=None) -> Mesh:

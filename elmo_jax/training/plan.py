@@ -50,14 +50,21 @@ def forward_flops_per_token(options: ElmoOptions) -> dict:
     return {"token_encoder": cnn + highway + proj, "lstm": 2 * lo.n_layers * lstm_layer}
 
 
-def train_flops_per_token(options: ElmoOptions, vocab_size: int, full_softmax: bool) -> float:
-    """Forward + backward (3x the forward) per window position: the LSTMs, the
-    token encoder (counted for every position: an upper bound, batches encode
-    each distinct token once) and the softmax of both directions."""
+def train_flops(options: ElmoOptions, vocab_size: int, full_softmax: bool, positions: int,
+                encoded_tokens: float) -> float:
+    """Forward + backward (3x the forward) of a step: the LSTMs and the softmax
+    of both directions at each window position, the token encoder for each
+    token it encodes."""
     f = forward_flops_per_token(options)
     classes = vocab_size if full_softmax else options.n_negative_samples_batch + 1
     softmax = 2 * 2 * classes * options.lstm.projection_dim
-    return 3 * (f["lstm"] + 2 * f["token_encoder"] + softmax)
+    return 3 * (positions * (f["lstm"] + softmax) + encoded_tokens * f["token_encoder"])
+
+
+def train_flops_per_token(options: ElmoOptions, vocab_size: int, full_softmax: bool) -> float:
+    """`train_flops` per window position, the token encoder counted twice per
+    position (an upper bound: batches encode each distinct token once)."""
+    return train_flops(options, vocab_size, full_softmax, 1, 2)
 
 
 def _per_device_bytes(tree) -> int:
