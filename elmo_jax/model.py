@@ -76,23 +76,34 @@ def reverse_padded(x: jax.Array, lengths: jax.Array) -> jax.Array:
 
 
 def lstm_cell(w_h_t, w_proj_t, cell_clip, proj_clip, h, c, gx):
-    """TF's LSTMCell with projection and clipping, both directions at once.
+    """TF's LSTMCell with projection and clipping, both directions at once,
+    feature-major (batch rows on the last axis).
 
     w_h_t: [2, 4D, P] and w_proj_t: [2, P, D], the recurrent and projection
-    matrices transposed (output-major: a few rows times a wide matrix is twice
-    as fast that way on the CPU); h: [2, B, P], c: [2, B, D]; gx: gates from
-    the input, bias included [2, B, 4D]. Returns (h_new, c_new) and the
-    intermediates the backward pass needs."""
+    matrices transposed; h: [2, P, B], c: [2, D, B]; gx: gates from the input,
+    bias included [2, 4D, B]. Every product is then a wide matrix times a few
+    columns, W @ h, which the CPU's GEMM runs 1.2-2.5x faster than the same
+    product batch-major (h @ W.T) at 8-128 rows (BENCHMARKS.md, "layout").
+    Returns (h_new, c_new) and what the backward pass needs: the gates before
+    their activations [2, 4D, B] and the projection before clipping [2, P, B]
+    (the backward pass recomputes the activations and the raw cell from them,
+    which saves a sixth of the per-step residuals)."""
     dt = w_h_t.dtype
-    gates = gx + jnp.einsum("dbp,dgp->dbg", h.astype(dt), w_h_t,
+    gates = gx + jnp.einsum("dgp,dpb->dgb", w_h_t, h.astype(dt),
                             preferred_element_type=jnp.float32)
-    i, f, g, o = jnp.split(gates, 4, axis=-1)
+    si, sf, tg, so, c_raw = _cell_update(gates, c)
+    h_raw = jnp.einsum("dpk,dkb->dpb", w_proj_t,
+                       (so * jnp.tanh(_clip(c_raw, cell_clip))).astype(dt),
+                       preferred_element_type=jnp.float32)
+    return (_clip(h_raw, proj_clip), _clip(c_raw, cell_clip)), (gates, h_raw)
+
+
+def _cell_update(gates, c):
+    """Gate activations (i, f, g, o) and the new cell before clipping."""
+    i, f, g, o = jnp.split(gates, 4, axis=1)
     si, sf, tg, so = (jax.nn.sigmoid(i), jax.nn.sigmoid(f + FORGET_BIAS), jnp.tanh(g),
                       jax.nn.sigmoid(o))
-    c_raw = sf * c + si * tg
-    h_raw = jnp.einsum("dbk,dpk->dbp", (so * jnp.tanh(_clip(c_raw, cell_clip))).astype(dt),
-                       w_proj_t, preferred_element_type=jnp.float32)
-    return (_clip(h_raw, proj_clip), _clip(c_raw, cell_clip)), (si, sf, tg, so, c_raw, h_raw)
+    return si, sf, tg, so, sf * c + si * tg
 
 
 def _clip(x, limit):
@@ -106,9 +117,10 @@ def _inside(x, limit):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def lstm_scan(cell_clip, proj_clip, unroll, w_h_t, w_proj_t, gx, mask, h0, c0):
-    """`lstm_cell` over time: gx [T, 2, B, 4D] gates from the input, mask
-    [T, B] float (1 real, 0 padding) -> (outputs [T, 2, B, P], (h, c)); a
-    padded position keeps the state and outputs zeros.
+    """`lstm_cell` over time, feature-major: gx [T, 2, 4D, B] gates from the
+    input, mask [T, B] float (1 real, 0 padding), h0 [2, P, B], c0 [2, D, B]
+    -> (outputs [T, 2, P, B], (h, c)); a padded position keeps the state and
+    outputs zeros.
 
     Differentiable, with a hand-written backward pass
     that keeps only the sequential work inside the reverse scan: the weight
@@ -124,7 +136,7 @@ def _lstm_forward(cell_clip, proj_clip, unroll, w_h_t, w_proj_t, gx, mask, h0, c
         h, c = carry
         g_x, m = inputs
         (h_new, c_new), parts = lstm_cell(w_h_t, w_proj_t, cell_clip, proj_clip, h, c, g_x)
-        keep = m[None, :, None].astype(bool)
+        keep = m[None, None, :].astype(bool)
         saved = (h, c) + parts if save else None
         return ((jnp.where(keep, h_new, h), jnp.where(keep, c_new, c)),
                 (jnp.where(keep, h_new, 0.0), saved))
@@ -142,35 +154,65 @@ def _lstm_scan_bwd(cell_clip, proj_clip, unroll, residuals, cotangents):
     w_h_t, w_proj_t, mask, saved = residuals
     d_out, (dh_T, dc_T) = cotangents
     dt = w_h_t.dtype
-    # going backwards the matrices multiply from the other side: contract their
-    # last axes again (the fast layout), with the untransposed copies
+    # going backwards the matrices multiply from the other side: the
+    # untransposed copies keep the fast layout (wide matrix on the left,
+    # contracted on its last axis)
     w_h, w_proj = jnp.swapaxes(w_h_t, 1, 2), jnp.swapaxes(w_proj_t, 1, 2)
 
     def step(carry, inputs):
         dh, dc = carry
-        dout, m, (h, c, si, sf, tg, so, c_raw, h_raw) = inputs
-        m = m[None, :, None]
+        dout, m, (h, c, gates, h_raw) = inputs
+        m = m[None, None, :]
+        si, sf, tg, so, c_raw = _cell_update(gates, c)
         tc = jnp.tanh(_clip(c_raw, cell_clip))
         dh_raw = m * (dout + dh) * _inside(h_raw, proj_clip)
-        dmv = jnp.einsum("dbp,dkp->dbk", dh_raw.astype(dt), w_proj,
+        dmv = jnp.einsum("dkp,dpb->dkb", w_proj, dh_raw.astype(dt),
                          preferred_element_type=jnp.float32)
         dc_raw = (m * dc + dmv * so * (1 - tc * tc)) * _inside(c_raw, cell_clip)
         dgates = jnp.concatenate([dc_raw * tg * si * (1 - si), dc_raw * c * sf * (1 - sf),
-                                  dc_raw * si * (1 - tg * tg), dmv * tc * so * (1 - so)], -1)
-        dh_prev = jnp.einsum("dbg,dpg->dbp", dgates.astype(dt), w_h,
+                                  dc_raw * si * (1 - tg * tg), dmv * tc * so * (1 - so)], 1)
+        dh_prev = jnp.einsum("dpg,dgb->dpb", w_h, dgates.astype(dt),
                              preferred_element_type=jnp.float32) + (1 - m) * dh
         dc_prev = dc_raw * sf + (1 - m) * dc
         return (dh_prev, dc_prev), (dgates, dh_raw, so * tc)
 
     (dh0, dc0), (dgates, dh_raw, mv) = jax.lax.scan(
         step, (dh_T, dc_T), (d_out, mask, saved), reverse=True, unroll=unroll)
+    # the weight gradients: one product over all time steps each, in the matmul
+    # dtype (bf16 products accumulate in float32, like the forward's)
     h_prev = saved[0]
-    d_w_h_t = jnp.einsum("tdbg,tdbp->dgp", dgates, h_prev).astype(w_h_t.dtype)
-    d_w_proj_t = jnp.einsum("tdbp,tdbk->dpk", dh_raw, mv).astype(w_proj_t.dtype)
+    d_w_h_t = jnp.einsum("tdgb,tdpb->dgp", dgates.astype(dt), h_prev.astype(dt),
+                         preferred_element_type=jnp.float32).astype(dt)
+    d_w_proj_t = jnp.einsum("tdpb,tdkb->dpk", dh_raw.astype(dt), mv.astype(dt),
+                            preferred_element_type=jnp.float32).astype(dt)
     return d_w_h_t, d_w_proj_t, dgates, jnp.zeros_like(mask), dh0, dc0
 
 
 lstm_scan.defvjp(_lstm_scan_fwd, _lstm_scan_bwd)
+
+
+@jax.custom_vjp
+def input_gates(x, w_in):
+    """x [2, N, Pin] @ w_in [2, Pin, 4D] -> [2, N, 4D] float32, both operands
+    in the matmul dtype. Its gradients are products in that dtype as well:
+    autodiff's would multiply the float32 cotangent by a bf16 operand, which
+    XLA runs as a float32 product (at half the bf16 rate on this CPU)."""
+    return jnp.einsum("dnp,dpg->dng", x, w_in, preferred_element_type=jnp.float32)
+
+
+def _input_gates_fwd(x, w_in):
+    return input_gates(x, w_in), (x, w_in)
+
+
+def _input_gates_bwd(residuals, d_gates):
+    x, w_in = residuals
+    d_gates = d_gates.astype(w_in.dtype)
+    d_x = jnp.einsum("dng,dpg->dnp", d_gates, w_in, preferred_element_type=jnp.float32)
+    d_w = jnp.einsum("dnp,dng->dpg", x, d_gates, preferred_element_type=jnp.float32)
+    return d_x.astype(x.dtype), d_w.astype(w_in.dtype)
+
+
+input_gates.defvjp(_input_gates_fwd, _input_gates_bwd)
 
 
 def _uniform(limit: float):
@@ -224,15 +266,15 @@ class LSTMLayer(nn.Module):
         pieces = []
         for t0, t1, n in self.segments or ((0, T, B),):
             # the input-to-gates matmul for all positions of the segment, outside the scan
-            xs = x[:, :n, t0:t1]
-            gx = jnp.einsum("dnp,dpg->dng", xs.reshape(2, -1, Pin).astype(self.dtype), w_in,
-                            preferred_element_type=jnp.float32) + b[:, None, :]
-            gx = jnp.transpose(gx.reshape(2, n, t1 - t0, 4 * D), (2, 0, 1, 3))  # time-major
+            xs = x[:, :n, t0:t1].astype(self.dtype)
+            gx = input_gates(xs.reshape(2, -1, Pin), w_in) + b[:, None, :]
+            gx = jnp.transpose(gx.reshape(2, n, t1 - t0, 4 * D), (2, 0, 3, 1))  # [t, 2, 4D, n]
             out, (hn, cn) = lstm_scan(self.cell_clip, proj_clip, self.unroll, w_h_t,
                                       w_proj_t, gx, mask[:n, t0:t1].T.astype(jnp.float32),
-                                      h[:, :n], c[:, :n])
-            h, c = h.at[:, :n].set(hn), c.at[:, :n].set(cn)
-            out = jnp.transpose(out, (1, 2, 0, 3))                    # [2, n, t1 - t0, P]
+                                      jnp.swapaxes(h[:, :n], 1, 2), jnp.swapaxes(c[:, :n], 1, 2))
+            h = h.at[:, :n].set(jnp.swapaxes(hn, 1, 2))
+            c = c.at[:, :n].set(jnp.swapaxes(cn, 1, 2))
+            out = jnp.transpose(out, (1, 3, 0, 2))                    # [2, n, t1 - t0, P]
             pieces.append(jnp.pad(out, ((0, 0), (0, B - n), (0, 0), (0, 0))))
         out = jnp.concatenate(pieces, axis=2)
         if out.shape[2] < T:  # positions after the last segment are padding

@@ -194,17 +194,17 @@ def test_lstm_scan_backward_equals_autodiff(clips):
     ks = jax.random.split(jax.random.PRNGKey(0), 8)
     w_h_t = jax.random.normal(ks[0], (2, 4 * D, P))
     w_proj_t = jax.random.normal(ks[1], (2, P, D))
-    gx = 2 * jax.random.normal(ks[2], (T, 2, B, 4 * D))
-    h0, c0 = jax.random.normal(ks[3], (2, B, P)), jax.random.normal(ks[4], (2, B, D))
+    gx = 2 * jax.random.normal(ks[2], (T, 2, 4 * D, B))  # feature-major
+    h0, c0 = jax.random.normal(ks[3], (2, P, B)), jax.random.normal(ks[4], (2, D, B))
     mask = (jnp.arange(T)[:, None] < jnp.array([7, 4, 1])[None, :]).astype(jnp.float32)
-    probe_out = jax.random.normal(ks[5], (T, 2, B, P))
-    probe_h, probe_c = jax.random.normal(ks[6], (2, B, P)), jax.random.normal(ks[7], (2, B, D))
+    probe_out = jax.random.normal(ks[5], (T, 2, P, B))
+    probe_h, probe_c = jax.random.normal(ks[6], (2, P, B)), jax.random.normal(ks[7], (2, D, B))
 
     def reference(w_h_t, w_proj_t, gx, h0, c0):
         def step(carry, inputs):  # padded rows keep their state and output zeros
             (h, c), (g, m) = carry, inputs
             (h_new, c_new), _ = lstm_cell(w_h_t, w_proj_t, cell_clip, proj_clip, h, c, g)
-            m = m[None, :, None].astype(bool)
+            m = m[None, None, :].astype(bool)
             return (jnp.where(m, h_new, h), jnp.where(m, c_new, c)), jnp.where(m, h_new, 0.0)
 
         (h, c), out = jax.lax.scan(step, (h0, c0), (gx, mask))
@@ -228,3 +228,66 @@ def test_lstm_scan_backward_equals_autodiff(clips):
     if cell_clip is not None:  # the clips were active somewhere
         out, _ = custom(*args)
         assert float(jnp.abs(out).max()) == pytest.approx(proj_clip)
+
+
+def test_lstm_scan_backward_in_bfloat16_tracks_float32():
+    """With bf16 matrices every product of the backward pass (per step and the
+    weight gradients after the scan) runs in bf16 with float32 accumulation:
+    the gradients stay within bf16 rounding of the float32 ones, in their dtype."""
+    import jax
+    import jax.numpy as jnp
+
+    from elmo_jax.model import lstm_scan
+
+    T, B, P, D = 6, 4, 8, 16
+    ks = jax.random.split(jax.random.PRNGKey(1), 5)
+    w_h_t = 0.3 * jax.random.normal(ks[0], (2, 4 * D, P))
+    w_proj_t = 0.3 * jax.random.normal(ks[1], (2, P, D))
+    gx = jax.random.normal(ks[2], (T, 2, 4 * D, B))
+    h0, c0 = jax.random.normal(ks[3], (2, P, B)), jax.random.normal(ks[4], (2, D, B))
+    mask = (jnp.arange(T)[:, None] < jnp.array([6, 5, 3, 1])[None, :]).astype(jnp.float32)
+
+    def grads(dtype):
+        def value(w_h_t, w_proj_t, gx):
+            out, (h, c) = lstm_scan(3.0, 3.0, 1, w_h_t.astype(dtype), w_proj_t.astype(dtype),
+                                    gx, mask, h0, c0)
+            return jnp.sum(out * out) + jnp.sum(c)
+        return jax.jit(jax.grad(value, argnums=(0, 1, 2)))(w_h_t, w_proj_t, gx)
+
+    for name, g16, g32 in zip(["w_h_t", "w_proj_t", "gx"], grads(jnp.bfloat16),
+                              grads(jnp.float32)):
+        assert g16.dtype == jnp.float32, name  # the cast back to the float32 parameters
+        err = float(jnp.linalg.norm(g16 - g32) / jnp.linalg.norm(g32))
+        assert 0 < err < 0.03, (name, err)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_input_gates_gradients_match_autodiff(dtype):
+    """input_gates' hand-written gradients against autodiff of the same einsum
+    at full float32 precision (on the same, rounded, inputs); with bf16
+    operands they come back in bf16, within its rounding."""
+    import jax
+    import jax.numpy as jnp
+
+    from elmo_jax.model import input_gates
+
+    ks = jax.random.split(jax.random.PRNGKey(2), 3)
+    x, w = jax.random.normal(ks[0], (2, 12, 8)), jax.random.normal(ks[1], (2, 8, 20))
+    probe = jax.random.normal(ks[2], (2, 12, 20))
+    dt = jnp.dtype(dtype)
+
+    def custom(x, w):
+        return jnp.sum(input_gates(x, w) * probe)
+
+    def reference(x, w):
+        return jnp.sum(jnp.einsum("dnp,dpg->dng", x, w,
+                                  precision=jax.lax.Precision.HIGHEST) * probe)
+
+    got = jax.grad(custom, argnums=(0, 1))(x.astype(dt), w.astype(dt))
+    want = jax.grad(reference, argnums=(0, 1))(x.astype(dt).astype(jnp.float32),
+                                               w.astype(dt).astype(jnp.float32))
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    for a, b in zip(got, want):
+        assert a.dtype == dt
+        np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=tol,
+                                   atol=tol * float(jnp.abs(b).max()))
