@@ -4,9 +4,11 @@ the shapes that matter next to numpy's BLAS on the same machine.
 
     python bench/profile.py --config bilm-tf-small
     python bench/profile.py --config original --embed original
+    python bench/profile.py --config original --dtype bfloat16
 
 `--config` (a configs/ name) is profiled as bench/train.py trains it, on the
-same data; `--embed NAME` adds embed's breakdown as bench/embed.py runs it.
+same data; `--embed NAME` adds embed's breakdown as bench/embed.py runs it;
+`--dtype` is the matmul dtype of the train step and of the LSTM pieces.
 """
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ def best_ms(f, *args, n=3):
 
 
 def matmuls(shapes):
-    """GFLOP/s of XLA (weights as stored, and transposed) and numpy on [M,K]x[K,N]."""
+    """GFLOP/s of XLA and numpy on [M,K]x[K,N] (M the batch rows): XLA with the
+    weights as stored, transposed, and feature-major ([N,K] weights times the
+    rows as [K,M] columns, the layout of model.lstm_cell)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -44,11 +48,15 @@ def matmuls(shapes):
         b = np.random.rand(K, N).astype(np.float32)
         fl = 2 * M * K * N / 1e9
         ja, jb, jbt = jnp.asarray(a), jnp.asarray(b), jnp.asarray(np.ascontiguousarray(b.T))
+        jat = jnp.asarray(np.ascontiguousarray(a.T))
         kn = jax.jit(lambda a, b: a @ b)
         nk = jax.jit(lambda a, bt: jnp.einsum("mk,nk->mn", a, bt))
+        feature_major = jax.jit(lambda bt, at: jnp.einsum("nk,km->nm", bt, at))
         t_np = min(_wall(lambda: a @ b) for _ in range(5))
         out[f"{M}x{K}x{N}"] = {"xla_gflops": round(fl / best_ms(kn, ja, jb) * 1e3),
                                "xla_transposed_gflops": round(fl / best_ms(nk, ja, jbt) * 1e3),
+                               "xla_feature_major_gflops": round(
+                                   fl / best_ms(feature_major, jbt, jat) * 1e3),
                                "numpy_blas_gflops": round(fl / t_np)}
     return out
 
@@ -59,7 +67,7 @@ def _wall(f):
     return time.perf_counter() - t0
 
 
-def train_breakdown(name: str) -> dict:
+def train_breakdown(name: str, dtype: str = "float32") -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -68,11 +76,11 @@ def train_breakdown(name: str) -> dict:
     from elmo_jax.softmax import sampled_softmax
     from elmo_jax.training.steps import make_optimizer
 
-    config, vocab, built, state, batcher, mesh = bench_train.setup(name)
+    config, vocab, built, state, batcher, mesh = bench_train.setup(name, dtype)
     options = config.model
     B, U, P = options.batch_size, options.unroll_steps, options.lstm.projection_dim
     batch = {k: jnp.asarray(v) for k, v in next(batcher).items()}
-    model = BiLM(options)
+    model = BiLM(options, dtype=jnp.dtype(dtype))
     bilm = state.params["bilm"]
     x = 0.1 * jnp.ones((2, B, U, P))
     mask = jnp.ones((B, U), bool)
@@ -160,14 +168,16 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="bilm-tf-small", help="a configs/ name to train")
     ap.add_argument("--embed", metavar="CONFIG", help="also embed's breakdown for this config")
+    ap.add_argument("--dtype", default="float32", help="the train step's matmul dtype")
     args = ap.parse_args(argv)
-    out = {"config": args.config, **_common.machine(),
-           "train (bench/train.py)": train_breakdown(args.config)}
+    out = {"config": args.config, "dtype": args.dtype, **_common.machine(),
+           "train (bench/train.py)": train_breakdown(args.config, args.dtype)}
     if args.embed:
         out[f"embed {args.embed} (bench/embed.py)"] = embed_breakdown(args.embed)
     o = _common.load_config(args.config).model
     D, P, B, U = o.lstm.dim, o.lstm.projection_dim, o.batch_size, o.unroll_steps
-    shapes = [(B, P, 4 * D), (B * U, P, 4 * D), (B, D, P)]  # recurrent, input, projection
+    # recurrent, input, projection, and the backward pass's recurrent product
+    shapes = [(B, P, 4 * D), (B * U, P, 4 * D), (B, D, P), (B, 4 * D, P)]
     if args.embed:  # the embedded model's recurrent matmul at batch 32
         e = _common.load_config(args.embed).model.lstm
         shapes.append((32, e.projection_dim, 4 * e.dim))
