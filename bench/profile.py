@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 
-def best_ms(f, *args, n=3):
+def best_s(f, *args, n=3):
     import jax
 
     jax.block_until_ready(f(*args))
@@ -31,7 +31,11 @@ def best_ms(f, *args, n=3):
         t0 = time.perf_counter()
         jax.block_until_ready(f(*args))
         times.append(time.perf_counter() - t0)
-    return round(1e3 * min(times), 1)
+    return min(times)
+
+
+def best_ms(f, *args, n=3):
+    return round(1e3 * best_s(f, *args, n=n), 1)
 
 
 def matmuls(shapes):
@@ -52,11 +56,12 @@ def matmuls(shapes):
         kn = jax.jit(lambda a, b: a @ b)
         nk = jax.jit(lambda a, bt: jnp.einsum("mk,nk->mn", a, bt))
         feature_major = jax.jit(lambda bt, at: jnp.einsum("nk,km->nm", bt, at))
-        t_np = min(_wall(lambda: a @ b) for _ in range(5))
-        out[f"{M}x{K}x{N}"] = {"xla_gflops": round(fl / best_ms(kn, ja, jb) * 1e3),
-                               "xla_transposed_gflops": round(fl / best_ms(nk, ja, jbt) * 1e3),
+        t_np = min(_wall(lambda: a @ b) for _ in range(20))
+        # unrounded times: the small products take well under 0.1 ms
+        out[f"{M}x{K}x{N}"] = {"xla_gflops": round(fl / best_s(kn, ja, jb, n=20)),
+                               "xla_transposed_gflops": round(fl / best_s(nk, ja, jbt, n=20)),
                                "xla_feature_major_gflops": round(
-                                   fl / best_ms(feature_major, jbt, jat) * 1e3),
+                                   fl / best_s(feature_major, jbt, jat, n=20)),
                                "numpy_blas_gflops": round(fl / t_np)}
     return out
 
