@@ -82,8 +82,9 @@ def lstm_cell(w_h_t, w_proj_t, cell_clip, proj_clip, h, c, gx):
     w_h_t: [2, 4D, P] and w_proj_t: [2, P, D], the recurrent and projection
     matrices transposed; h: [2, P, B], c: [2, D, B]; gx: gates from the input,
     bias included [2, 4D, B]. Every product is then a wide matrix times a few
-    columns, W @ h, which the CPU's GEMM runs 1.2-2.5x faster than the same
-    product batch-major (h @ W.T) at 8-128 rows (BENCHMARKS.md, "layout").
+    columns, W @ h, which the CPU's GEMM runs 1.1-2.5x faster than the same
+    product batch-major (h @ W.T) at 8-128 rows (BENCHMARKS.md, "Where the
+    time goes").
     Returns (h_new, c_new) and what the backward pass needs: the gates before
     their activations [2, 4D, B] and the projection before clipping [2, P, B]
     (the backward pass recomputes the activations and the raw cell from them,

@@ -43,7 +43,6 @@ def auto_mesh_model(vocab_size: int, options: ElmoOptions, n_devices: int) -> in
     return m
 
 
-
 def make_mesh(mesh_model: int = 1, devices=None) -> Mesh:
     """A ("data", "model") mesh of `devices` (default: all) with `mesh_model`
     devices on the model axis."""
