@@ -182,14 +182,17 @@ def _lstm_scan_bwd(cell_clip, proj_clip, unroll, residuals, cotangents):
     # the weight gradients: one product over all time steps each, in the matmul
     # dtype (bf16 products accumulate in float32, like the forward's). Time and
     # rows are moved next to each other first: contracting one contiguous last
-    # axis runs 1.1-1.4x faster than contracting (t, b) in place, copy included
+    # axis rather than (t, b) in place runs 1.1-1.4x faster, copy included.
+    # The products come out in the parameters' own layout (w_h [2, P, 4D],
+    # w_proj [2, D, P]): the transpose back then cancels LSTMLayer's
     def steps_last(a):  # [T, 2, K, B] -> [2, K, T B]
         return jnp.transpose(a.astype(dt), (1, 2, 0, 3)).reshape(a.shape[1], a.shape[2], -1)
 
-    d_w_h_t = jnp.einsum("dgn,dpn->dgp", steps_last(dgates), steps_last(saved[0]),
-                         preferred_element_type=jnp.float32).astype(dt)
-    d_w_proj_t = jnp.einsum("dpn,dkn->dpk", steps_last(dh_raw), steps_last(mv),
-                            preferred_element_type=jnp.float32).astype(dt)
+    d_w_h = jnp.einsum("dpn,dgn->dpg", steps_last(saved[0]), steps_last(dgates),
+                       preferred_element_type=jnp.float32).astype(dt)
+    d_w_proj = jnp.einsum("dkn,dpn->dkp", steps_last(mv), steps_last(dh_raw),
+                          preferred_element_type=jnp.float32).astype(dt)
+    d_w_h_t, d_w_proj_t = jnp.swapaxes(d_w_h, 1, 2), jnp.swapaxes(d_w_proj, 1, 2)
     return d_w_h_t, d_w_proj_t, dgates, jnp.zeros_like(mask), dh0, dc0
 
 
@@ -341,27 +344,42 @@ class BiLSTM(nn.Module):
 
 
 @jax.custom_vjp
-def char_conv(x, kernel):
-    """1-D convolution without padding: x [N, C, E] (embedded characters) and
-    kernel [w, E, F] -> [N, C - w + 1, F].
+def char_conv_max(x, kernel):
+    """1-D convolution without padding, max-pooled over positions: x [N, C, E]
+    (embedded characters) and kernel [w, E, F] -> [N, F].
 
     XLA's own convolution runs the forward well, but its gradients with 16
     input channels run at 30-50 GFLOP/s on the CPU; the hand-written backward
     pass does both as plain matrix products over the [N (C - w + 1), w E]
-    character windows (2.5x faster for width 7 x 1024 filters, BENCHMARKS.md)."""
+    character windows (2.5x faster for width 7 x 1024 filters, BENCHMARKS.md).
+    It keeps the position of each maximum [N, F] rather than the convolution
+    output (the max's own gradient would need that, and two passes over it);
+    of tied maxima the first gets the gradient."""
+    return _conv_max_fwd(x, kernel)[0]
+
+
+def _conv(x, kernel):
     return jax.lax.conv_general_dilated(x, kernel, (1,), "VALID",
                                         dimension_numbers=("NWC", "WIO", "NWC"))
 
 
-def _char_conv_fwd(x, kernel):
-    return char_conv(x, kernel), (x, kernel)
+def _conv_max_fwd(x, kernel):
+    y = _conv(x, kernel)                                                # [N, L, F]
+    pooled = jnp.max(y, axis=1)
+    # the first maximum's position, from two plain reductions (XLA's CPU argmax,
+    # a reduction over (value, index) pairs, runs several times slower)
+    L = y.shape[1]
+    first = jnp.min(jnp.where(y == pooled[:, None, :], jnp.arange(L, dtype=jnp.int32)[None, :, None],
+                              L), axis=1)
+    return pooled, (x, kernel, first)
 
 
-def _char_conv_bwd(residuals, d_y):
-    x, kernel = residuals
+def _conv_max_bwd(residuals, d_pooled):
+    x, kernel, where = residuals
     (N, C, E), (w, _, F) = x.shape, kernel.shape
     L = C - w + 1
-    d_y = d_y.reshape(N * L, F)
+    d_y = jnp.where(jnp.arange(L)[None, :, None] == where[:, None, :], d_pooled[:, None, :],
+                    0.0).astype(x.dtype).reshape(N * L, F)
     windows = jnp.concatenate([x[:, i:i + L] for i in range(w)], axis=-1)   # [N, L, w E]
     d_kernel = jnp.einsum("mk,mf->kf", windows.reshape(N * L, w * E), d_y).reshape(w, E, F)
     d_windows = jnp.einsum("mf,kf->mk", d_y, kernel.reshape(w * E, F)).reshape(N, L, w, E)
@@ -370,12 +388,12 @@ def _char_conv_bwd(residuals, d_y):
     return d_x.astype(x.dtype), d_kernel.astype(kernel.dtype)
 
 
-char_conv.defvjp(_char_conv_fwd, _char_conv_bwd)
+char_conv_max.defvjp(_conv_max_fwd, _conv_max_bwd)
 
 
 class CharConv(nn.Module):
-    """`char_conv` plus a bias, with nn.Conv's parameter names (kernel [w, E, F],
-    bias [F]), which `weights.py` maps to bilm-tf's W_cnn_i / b_cnn_i."""
+    """One filter bank: x [N, C, E] -> [N, F], `char_conv_max` plus the bias; nn.Conv's parameter names (kernel [w, E, F], bias
+    [F]), which `weights.py` maps to bilm-tf's W_cnn_i / b_cnn_i."""
     features: int
     width: int
     kernel_init: Callable
@@ -384,7 +402,9 @@ class CharConv(nn.Module):
     def __call__(self, x):
         kernel = self.param("kernel", self.kernel_init, (self.width, x.shape[-1], self.features))
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
-        return char_conv(x, kernel) + bias
+        # the bias after the max: the same numbers (rounding is monotonic), without
+        # a pass over the [N, C - w + 1, F] convolution output
+        return char_conv_max(x, kernel) + bias
 
 
 class Highway(nn.Module):
@@ -419,8 +439,7 @@ class CharEncoder(nn.Module):
                 init = _uniform(0.05)  # Kim et al. 2015, as bilm-tf
             else:
                 init = nn.initializers.normal(float(np.sqrt(1.0 / (width * c.embedding_dim))))
-            conv = CharConv(num, width, kernel_init=init, name=f"conv_{i}")
-            pooled.append(jnp.max(conv(x), axis=1))
+            pooled.append(CharConv(num, width, kernel_init=init, name=f"conv_{i}")(x))
         act = jax.nn.relu if c.activation == "relu" else jnp.tanh
         x = act(jnp.concatenate(pooled, axis=-1))
         for k in range(c.n_highway):

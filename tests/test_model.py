@@ -262,31 +262,35 @@ def test_lstm_scan_backward_in_bfloat16_tracks_float32():
 
 
 @pytest.mark.parametrize("width", [1, 3, 9])
-def test_char_conv_and_its_gradients_match_float64_numpy(width):
-    """char_conv's forward (XLA's convolution) and hand-written backward (window
-    matrix products) against the sums written out in float64 numpy; width 9
+def test_char_conv_max_and_its_gradients_match_float64_numpy(width):
+    """char_conv_max's forward (XLA's convolution, max over positions) and
+    hand-written backward (window matrix products, the gradient to each
+    maximum's position) against the sums written out in float64 numpy; width 9
     over 9 characters leaves one window."""
     import jax
     import jax.numpy as jnp
 
-    from elmo_jax.model import char_conv
+    from elmo_jax.model import char_conv_max
 
     N, C, E, F = 5, 9, 4, 6
     L = C - width + 1
     rng = np.random.default_rng(width)
     x, k = rng.normal(size=(N, C, E)), rng.normal(size=(width, E, F))
-    probe = rng.normal(size=(N, L, F))
-    y = sum(np.einsum("nle,ef->nlf", x[:, i:i + L], k[i]) for i in range(width))
-    d_k = np.stack([np.einsum("nle,nlf->ef", x[:, i:i + L], probe) for i in range(width)])
-    d_x = np.zeros_like(x)
-    for i in range(width):
-        d_x[:, i:i + L] += np.einsum("nlf,ef->nle", probe, k[i])
+    probe = rng.normal(size=(N, F))
+    y = sum(np.einsum("nle,ef->nlf", x[:, i:i + L], k[i]) for i in range(width))  # [N, L, F]
+    top = y.argmax(axis=1)                                                      # [N, F]
+    d_k, d_x = np.zeros_like(k), np.zeros_like(x)
+    for n in range(N):
+        for f in range(F):
+            for i in range(width):
+                d_k[i, :, f] += x[n, top[n, f] + i] * probe[n, f]
+                d_x[n, top[n, f] + i] += k[i, :, f] * probe[n, f]
 
     f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
-    got_y = char_conv(f32(x), f32(k))
-    got_dx, got_dk = jax.grad(lambda x, k: jnp.sum(char_conv(x, k) * f32(probe)),
+    got = char_conv_max(f32(x), f32(k))
+    got_dx, got_dk = jax.grad(lambda x, k: jnp.sum(char_conv_max(x, k) * f32(probe)),
                               argnums=(0, 1))(f32(x), f32(k))
-    for got, want in ((got_y, y), (got_dx, d_x), (got_dk, d_k)):
+    for got, want in ((got, y.max(axis=1)), (got_dx, d_x), (got_dk, d_k)):
         assert got.shape == want.shape
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
