@@ -296,7 +296,7 @@ def test_char_conv_max_and_its_gradients_match_float64_numpy(width):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_input_gates_gradients_match_autodiff(dtype):
+def test_input_gates_and_gradients_match_references(dtype):
     """input_gates' hand-written gradients against autodiff of the same einsum
     at full float32 precision (on the same, rounded, inputs); with bf16
     operands they come back in bf16, within its rounding."""
@@ -306,17 +306,23 @@ def test_input_gates_gradients_match_autodiff(dtype):
     from elmo_jax.model import input_gates
 
     ks = jax.random.split(jax.random.PRNGKey(2), 3)
-    x, w = jax.random.normal(ks[0], (2, 12, 8)), jax.random.normal(ks[1], (2, 8, 20))
-    probe = jax.random.normal(ks[2], (2, 12, 20))
+    # x [2, n, T, Pin], w [2, Pin, 4D]; the gates come out [T, 2, 4D, n]
+    x, w = jax.random.normal(ks[0], (2, 3, 4, 8)), jax.random.normal(ks[1], (2, 8, 20))
+    probe = jax.random.normal(ks[2], (4, 2, 20, 3))
     dt = jnp.dtype(dtype)
 
     def custom(x, w):
         return jnp.sum(input_gates(x, w) * probe)
 
     def reference(x, w):
-        return jnp.sum(jnp.einsum("dnp,dpg->dng", x, w,
+        return jnp.sum(jnp.einsum("dntp,dpg->tdgn", x, w,
                                   precision=jax.lax.Precision.HIGHEST) * probe)
 
+    x32, w32 = x.astype(dt).astype(jnp.float32), w.astype(dt).astype(jnp.float32)
+    np.testing.assert_allclose(
+        np.asarray(input_gates(x.astype(dt), w.astype(dt))),
+        np.einsum("dntp,dpg->tdgn", np.asarray(x32, np.float64), np.asarray(w32, np.float64)),
+        rtol=1e-5, atol=1e-5)
     got = jax.grad(custom, argnums=(0, 1))(x.astype(dt), w.astype(dt))
     want = jax.grad(reference, argnums=(0, 1))(x.astype(dt).astype(jnp.float32),
                                                w.astype(dt).astype(jnp.float32))
