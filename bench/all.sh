@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every row of BENCHMARKS.md, side by side with the peers, one invocation per row.
-# Run on a quiet machine (any other process halves a measurement); ~50 minutes on 2 cores.
+# Run on a quiet machine (any other process halves a measurement); ~65 minutes on 2 cores.
 #   bash bench/all.sh [.venv/bin/python]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,3 +16,11 @@ $PY bench/train.py --config bilm-tf-small  --repeats 3 --dtype bfloat16 --json-o
 $PY bench/train.py --config original       --repeats 2 --json-out $R/train_original.json
 $PY bench/train.py --config original       --repeats 2 --dtype bfloat16 --json-out $R/train_original_bf16.json
 $PY bench/bf16_accuracy.py --config allennlp-small original --json-out $R/bf16_accuracy.json
+# the products floor of every row (bench/floor.py): the step's products alone, each at XLA's speed
+for dt in float32 bfloat16; do
+  $PY bench/floor.py --embed allennlp-small --dtype $dt --json-out $R/floor_embed_small_$dt.json
+  $PY bench/floor.py --embed original       --dtype $dt --json-out $R/floor_embed_original_$dt.json
+  $PY bench/floor.py --config bilm-tf-small --dtype $dt --json-out $R/floor_train_small_$dt.json
+  $PY bench/floor.py --config original      --dtype $dt --json-out $R/floor_train_original_$dt.json
+done
+$PY bench/floor.py --embed allennlp-tiny --json-out $R/floor_embed_tiny_float32.json
