@@ -205,10 +205,12 @@ def input_gates(x, w_in):
     x [2, n, T, Pin] (the layer input, batch-major) and w_in [2, Pin, 4D] ->
     [T, 2, 4D, n] float32, both operands in the matmul dtype.
 
-    The product runs feature-major, w_in.T @ x.T over the (t, row) columns,
-    so that the only large rearrangement, to and from the scan's [T, 2, 4D, n],
-    moves whole rows of n (moving the 4D axis past the rows instead cost 6% of
-    the `original` training step). Its gradients are products in the matmul
+    The forward is x @ w_in as stored, then one transpose; the backward runs
+    feature-major over the (t, row) columns, so that the gate gradients leave
+    the scan's layout moving whole rows of n (moving the 4D axis past the rows
+    there cost 6% of the `original` training step; in the forward, the
+    feature-major product would transpose w_in for each packed embed segment,
+    which made embed 20% slower). Its gradients are products in the matmul
     dtype as well: autodiff's would multiply the float32 cotangent by a bf16
     operand, which XLA runs as a float32 product (at half the bf16 rate here)."""
     return _input_gates_fwd(x, w_in)[0]
@@ -220,11 +222,8 @@ def _columns(x):
 
 
 def _input_gates_fwd(x, w_in):
-    _, n, T, _ = x.shape
-    x_cols = _columns(x)
-    g = jnp.einsum("dpg,dpm->dgm", w_in, x_cols, preferred_element_type=jnp.float32)
-    g = jnp.transpose(g.reshape(g.shape[0], g.shape[1], T, n), (2, 0, 1, 3))
-    return g, (x_cols, w_in)
+    g = jnp.einsum("dntp,dpg->dntg", x, w_in, preferred_element_type=jnp.float32)
+    return jnp.transpose(g, (2, 0, 3, 1)), (_columns(x), w_in)
 
 
 def _input_gates_bwd(residuals, d_gates):
