@@ -185,7 +185,7 @@ def embed_floor(config_name, dtype, repeats):
     from elmo_jax.embedding import bucket
     from elmo_jax.model import packed_segments
 
-    import embed as bench_embed
+    bench_embed = _common.bench_module("embed")  # bench/embed.py, not the checkout's embed.py
     sys.path.insert(0, bench_embed.allennlp_paths()[0])
     import bench_embed as be  # the peer's sentences
 
