@@ -176,6 +176,19 @@ def _median_seconds(f, x, reps: int) -> float:
     return statistics.median(t)
 
 
+def best_seconds(f, *args, n: int = 3) -> float:
+    """Best wall time of f(*args) over n calls, after one that compiles it."""
+    import jax
+
+    jax.block_until_ready(f(*args))
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
 def matmul_peak_gflops(dtype: str = "float32", n: int = 2048, reps: int = 10) -> float:
     """Measured matmul throughput of this machine through XLA (n x n x n, f32
     accumulation for bf16), GFLOP/s."""

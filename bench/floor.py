@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
@@ -30,18 +29,6 @@ import _common  # noqa: E402
 # the token encoder's rows in a training step: the distinct-token table as
 # bench/profile.py measures it on the bench data
 DISTINCT_TOKENS = {"bilm-tf-small": 384, "original": 1024}
-
-
-def _best_s(f, args, repeats):
-    import jax
-
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def _normal(key, shape, dtype):
@@ -159,7 +146,7 @@ def softmax_products(options, rows):
 def measure(items, repeats):
     rows, total = [], 0.0
     for name, count, f, args in items:
-        s = _best_s(f, args, repeats)
+        s = _common.best_seconds(f, *args, n=repeats)
         total += count * s
         rows.append({"product": name, "count": count, "ms_each": round(1e3 * s, 2)})
         print(f"{name:60s} {count:3d} x {1e3 * s:9.2f} ms")

@@ -22,16 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 
-def best_s(f, *args, n=3):
-    import jax
-
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t0)
-    return min(times)
+best_s = _common.best_seconds
 
 
 def best_ms(f, *args, n=3):
