@@ -185,15 +185,20 @@ def _lstm_scan_bwd(cell_clip, proj_clip, unroll, residuals, cotangents):
     # axis rather than (t, b) in place runs 1.1-1.4x faster, copy included.
     # The products come out in the parameters' own layout (w_h [2, P, 4D],
     # w_proj [2, D, P]): the transpose back then cancels LSTMLayer's
-    def steps_last(a):  # [T, 2, K, B] -> [2, K, T B]
-        return jnp.transpose(a.astype(dt), (1, 2, 0, 3)).reshape(a.shape[1], a.shape[2], -1)
-
-    d_w_h = jnp.einsum("dpn,dgn->dpg", steps_last(saved[0]), steps_last(dgates),
+    h_cols, g_cols, mv_cols, r_cols = (_steps_last(a.astype(dt))
+                                       for a in (saved[0], dgates, mv, dh_raw))
+    d_w_h = jnp.einsum("dpn,dgn->dpg", h_cols, g_cols,
                        preferred_element_type=jnp.float32).astype(dt)
-    d_w_proj = jnp.einsum("dkn,dpn->dkp", steps_last(mv), steps_last(dh_raw),
+    d_w_proj = jnp.einsum("dkn,dpn->dkp", mv_cols, r_cols,
                           preferred_element_type=jnp.float32).astype(dt)
     d_w_h_t, d_w_proj_t = jnp.swapaxes(d_w_h, 1, 2), jnp.swapaxes(d_w_proj, 1, 2)
     return d_w_h_t, d_w_proj_t, dgates, jnp.zeros_like(mask), dh0, dc0
+
+
+def _steps_last(a):
+    """[T, 2, K, B] -> [2, K, T B]: the steps and rows of the scan's layout as
+    one contiguous column axis, column t B + b."""
+    return jnp.transpose(a, (1, 2, 0, 3)).reshape(a.shape[1], a.shape[2], -1)
 
 
 lstm_scan.defvjp(_lstm_scan_fwd, _lstm_scan_bwd)
@@ -228,9 +233,9 @@ def _input_gates_fwd(x, w_in):
 
 def _input_gates_bwd(residuals, d_gates):
     x_cols, w_in = residuals
-    T, _, G, n = d_gates.shape
+    T, _, _, n = d_gates.shape
     dt = w_in.dtype
-    d_cols = jnp.transpose(d_gates.astype(dt), (1, 2, 0, 3)).reshape(2, G, T * n)
+    d_cols = _steps_last(d_gates.astype(dt))                               # [2, 4D, T n]
     d_x = jnp.einsum("dpg,dgm->dpm", w_in, d_cols, preferred_element_type=jnp.float32)
     d_x = jnp.transpose(d_x.reshape(2, -1, T, n), (0, 3, 2, 1))           # [2, n, T, Pin]
     d_w = jnp.einsum("dpm,dgm->dpg", x_cols, d_cols, preferred_element_type=jnp.float32)
@@ -384,16 +389,16 @@ def _conv_max_fwd(x, kernel):
     # the first maximum's position, from two plain reductions (XLA's CPU argmax,
     # a reduction over (value, index) pairs, runs several times slower)
     L = y.shape[1]
-    first = jnp.min(jnp.where(y == pooled[:, None, :], jnp.arange(L, dtype=jnp.int32)[None, :, None],
-                              L), axis=1)
+    positions = jnp.arange(L, dtype=jnp.int32)[None, :, None]
+    first = jnp.min(jnp.where(y == pooled[:, None, :], positions, L), axis=1)
     return pooled, (x, kernel, first)
 
 
 def _conv_max_bwd(residuals, d_pooled):
-    x, kernel, where = residuals
+    x, kernel, first = residuals
     (N, C, E), (w, _, F) = x.shape, kernel.shape
     L = C - w + 1
-    d_y = jnp.where(jnp.arange(L)[None, :, None] == where[:, None, :], d_pooled[:, None, :],
+    d_y = jnp.where(jnp.arange(L)[None, :, None] == first[:, None, :], d_pooled[:, None, :],
                     0.0).astype(x.dtype).reshape(N * L, F)
     windows = jnp.concatenate([x[:, i:i + L] for i in range(w)], axis=-1)   # [N, L, w E]
     d_kernel = jnp.einsum("mk,mf->kf", windows.reshape(N * L, w * E), d_y).reshape(w, E, F)
@@ -407,8 +412,9 @@ char_conv_max.defvjp(_conv_max_fwd, _conv_max_bwd)
 
 
 class CharConv(nn.Module):
-    """One filter bank: x [N, C, E] -> [N, F], `char_conv_max` plus the bias; nn.Conv's parameter names (kernel [w, E, F], bias
-    [F]), which `weights.py` maps to bilm-tf's W_cnn_i / b_cnn_i."""
+    """One filter bank: x [N, C, E] -> [N, F], `char_conv_max` plus the bias;
+    nn.Conv's parameter names (kernel [w, E, F], bias [F]), which `weights.py`
+    maps to bilm-tf's W_cnn_i / b_cnn_i."""
     features: int
     width: int
     kernel_init: Callable
