@@ -71,10 +71,14 @@ def lstm_products(options, rows, steps, train: bool, dtype):
                    per_step("dkp,dpb->dkb", (2, D, P), (2, P, rows))),
                   ("backward: through the recurrent matrix, per step",
                    per_step("dpg,dgb->dpb", (2, P, G), (2, G, rows))),
-                  ("backward: recurrent weight gradient", once("dgn,dpn->dgp", (2, G, N), (2, P, N))),
-                  ("backward: projection weight gradient", once("dpn,dkn->dpk", (2, P, N), (2, D, N))),
-                  ("backward: input gates, input gradient", once("dng,dpg->dnp", (2, N, G), (2, P, G))),
-                  ("backward: input gates, weight gradient", once("dnp,dng->dpg", (2, N, P), (2, N, G)))]
+                  ("backward: recurrent weight gradient",
+                   once("dpn,dgn->dpg", (2, P, N), (2, G, N))),
+                  ("backward: projection weight gradient",
+                   once("dkn,dpn->dkp", (2, D, N), (2, P, N))),
+                  ("backward: input gates, input gradient",
+                   once("dpg,dgm->dpm", (2, P, G), (2, G, N))),
+                  ("backward: input gates, weight gradient",
+                   once("dpm,dgm->dpg", (2, P, N), (2, G, N)))]
     return [(name, L, f, args) for name, (f, args) in items]
 
 
