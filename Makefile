@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# huge pages for XLA's CPU buffers in the tests and the demo, as the commands
+# give themselves (elmo_jax/cli/huge_pages.py)
+export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 .PHONY: test demo results venv clean
 

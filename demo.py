@@ -221,4 +221,7 @@ def main():
 
 
 if __name__ == "__main__":
+    from elmo_jax.cli.huge_pages import reexec_with_huge_pages
+
+    reexec_with_huge_pages()
     main()

@@ -107,6 +107,17 @@ def spread(xs: list[float]) -> str:
     return f"{min(xs):.0f}-{max(xs):.0f} ({100 * (max(xs) - min(xs)) / statistics.median(xs):.0f}%)"
 
 
+def run_as_the_commands() -> None:
+    """Give this elmo-jax process what the commands give theirs: huge pages for
+    XLA's buffers (elmo_jax/cli/huge_pages.py; it executes the process again,
+    once). Only in elmo-jax's own processes: never in a parent that starts the
+    peers, which run as installed and would inherit the setting."""
+    sys.path.insert(0, REPO)
+    from elmo_jax.cli.huge_pages import reexec_with_huge_pages
+
+    reexec_with_huge_pages()
+
+
 def machine() -> dict:
     return {"date": datetime.date.today().isoformat(), "cpu": platform.processor()
             or platform.machine(), "n_cpus": os.cpu_count(), "python": platform.python_version()}

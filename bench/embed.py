@@ -112,6 +112,7 @@ def worker(config: str, dtype: str) -> dict:
         _common.memory_bandwidth_gbs())
     res["limit"]["bytes_per_pass"] = moved
     res["matmul_peak_gflops_per_s"] = res["limit"]["matmul_peak_gflops_per_s"]
+    res["glibc_tunables"] = os.environ.get("GLIBC_TUNABLES", "")
     return res
 
 
@@ -127,6 +128,7 @@ def main(argv=None):
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
+        _common.run_as_the_commands()
         print(json.dumps(worker(args.config, args.dtype)))
         return 0
     weights_for(args.config)

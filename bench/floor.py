@@ -204,6 +204,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
+    _common.run_as_the_commands()
     if args.config:
         rows, total = train_floor(args.config, args.dtype, args.repeats)
     else:

@@ -166,6 +166,7 @@ def main(argv=None):
     ap.add_argument("--embed", metavar="CONFIG", help="also embed's breakdown for this config")
     ap.add_argument("--dtype", default="float32", help="the train step's matmul dtype")
     args = ap.parse_args(argv)
+    _common.run_as_the_commands()
     out = {"config": args.config, "dtype": args.dtype, **_common.machine(),
            "train (bench/train.py)": train_breakdown(args.config, args.dtype)}
     if args.embed:

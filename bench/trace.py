@@ -50,6 +50,7 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=30, help="ops shown")
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
+    _common.run_as_the_commands()
 
     import jax
     import jax.numpy as jnp

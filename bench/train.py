@@ -124,6 +124,7 @@ def worker(name, steps, warmup, dtype, unroll) -> dict:
                                  sum(moved.values()), _common.memory_bandwidth_gbs())
     limit["bytes_per_pass"] = moved
     return {"impl": "elmo-jax", "config": name, "dtype": dtype, "scan_unroll": unroll,
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
             "limit": limit, "distinct_tokens_per_step": statistics.median(distinct),
             "tokens_per_step": tokens, "steps": steps, "warmup": warmup,
             "median_step_s": round(med, 4), "tokens_per_s": round(tokens / med, 1),
@@ -151,6 +152,7 @@ def main(argv=None):
     default = default_steps(options)
     steps, warmup = args.steps or default[0], args.warmup or default[1]
     if args.worker:
+        _common.run_as_the_commands()
         print(json.dumps(worker(args.config, steps, warmup, args.dtype, args.scan_unroll)))
         return 0
     if not args.skip_peer:

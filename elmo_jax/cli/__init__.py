@@ -14,9 +14,12 @@ from elmo_jax.weights import WeightsError
 
 
 def run_cli(main) -> None:
-    """Run `main()`; a user error prints `error: ...` and exits with status 2."""
+    """Run `main()` (in a process with huge pages for XLA's buffers: see
+    huge_pages.py); a user error prints `error: ...` and exits with status 2."""
+    from elmo_jax.cli.huge_pages import reexec_with_huge_pages
     from elmo_jax.training import TrainingError
 
+    reexec_with_huge_pages()
     try:
         sys.exit(main())
     except (ConfigError, DataError, OptionsError, VocabError, WeightsError, TrainingError,
