@@ -112,7 +112,8 @@ def run_as_the_commands() -> None:
     XLA's buffers (elmo_jax/cli/huge_pages.py; it executes the process again,
     once). Only in elmo-jax's own processes: never in a parent that starts the
     peers, which run as installed and would inherit the setting."""
-    sys.path.insert(0, REPO)
+    if REPO not in sys.path:  # after bench/, whose train.py and embed.py shadow the top level's
+        sys.path.append(REPO)
     from elmo_jax.cli.huge_pages import reexec_with_huge_pages
 
     reexec_with_huge_pages()
