@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every row of BENCHMARKS.md, side by side with the peers, one invocation per row.
-# Run on a quiet machine (any other process halves a measurement); ~65 minutes on 2 cores.
+# Run on a quiet machine (any other process halves a measurement); ~75 minutes on 2 cores.
 #   bash bench/all.sh [.venv/bin/python]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,3 +24,7 @@ for dt in float32 bfloat16; do
   $PY bench/floor.py --config original      --dtype $dt --json-out $R/floor_train_original_$dt.json
 done
 $PY bench/floor.py --embed allennlp-tiny --json-out $R/floor_embed_tiny_float32.json
+# the same two rows with the peers also given glibc's huge pages (elmo-jax's commands set
+# them for themselves: elmo_jax/cli/huge_pages.py): how much of the lead is that setting
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $PY bench/embed.py --config allennlp-small --repeats 3 --json-out $R/embed_small_peer_tuned.json
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $PY bench/train.py --config bilm-tf-small --repeats 3 --json-out $R/train_small_peer_tuned.json
