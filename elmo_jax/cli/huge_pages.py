@@ -7,7 +7,7 @@ when the step ends, so every step faults its temporaries in again, 4 KiB at a
 time: 28k page faults per `bilm-tf-small` step (a fifth of its CPU time in the
 kernel), 730k per `original` step. glibc's `hugetlb` tunable has it advise
 those mappings as transparent huge pages, 2 MiB each: 100-200x fewer faults,
-training steps 12-20% and embed passes 16-21% faster on this machine
+training steps 12-22% and embed passes 16-21% faster on this machine
 (BENCHMARKS.md, "The means, measured").
 
 glibc reads GLIBC_TUNABLES only when a process starts, so a command sets it by
