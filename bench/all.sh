@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every row of BENCHMARKS.md, side by side with the peers, one invocation per row.
-# Run on a quiet machine (any other process halves a measurement); ~75 minutes on 2 cores.
+# Run on a quiet machine (any other process halves a measurement); 45-75 minutes on 2 cores.
 #   bash bench/all.sh [.venv/bin/python]
 set -euo pipefail
 cd "$(dirname "$0")/.."
