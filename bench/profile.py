@@ -22,11 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 
-best_s = _common.best_seconds
-
-
 def best_ms(f, *args, n=3):
-    return round(1e3 * best_s(f, *args, n=n), 1)
+    return round(1e3 * _common.best_seconds(f, *args, n=n), 1)
 
 
 def matmuls(shapes):
@@ -49,10 +46,10 @@ def matmuls(shapes):
         feature_major = jax.jit(lambda bt, at: jnp.einsum("nk,km->nm", bt, at))
         t_np = min(_wall(lambda: a @ b) for _ in range(20))
         # unrounded times: the small products take well under 0.1 ms
-        out[f"{M}x{K}x{N}"] = {"xla_gflops": round(fl / best_s(kn, ja, jb, n=20)),
-                               "xla_transposed_gflops": round(fl / best_s(nk, ja, jbt, n=20)),
+        out[f"{M}x{K}x{N}"] = {"xla_gflops": round(fl / _common.best_seconds(kn, ja, jb, n=20)),
+                               "xla_transposed_gflops": round(fl / _common.best_seconds(nk, ja, jbt, n=20)),
                                "xla_feature_major_gflops": round(
-                                   fl / best_s(feature_major, jbt, jat, n=20)),
+                                   fl / _common.best_seconds(feature_major, jbt, jat, n=20)),
                                "numpy_blas_gflops": round(fl / t_np)}
     return out
 
