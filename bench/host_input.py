@@ -69,10 +69,11 @@ def main(argv=None):
     if args.workers:
         shards = split_corpus(corpus, args.workers, tmp)
         batcher = ParallelBatcher(shards, vocab, batch, options.unroll_steps, C,
-                                  n_groups=args.groups, workers=args.workers)
+                                  n_groups=args.groups, workers=args.workers,
+                                  widest_filter=options.char_cnn.widest_filter)
     else:
         batcher = Batcher(TextSource(corpus, seed=0), vocab, batch, options.unroll_steps, C,
-                          n_groups=args.groups)
+                          n_groups=args.groups, widest_filter=options.char_cnn.widest_filter)
     for _ in range(3):  # loads the shards (and starts the workers)
         next(batcher)
     t0, n = time.perf_counter(), 0

@@ -88,7 +88,8 @@ def setup(name, dtype="float32", unroll=1):
     mesh = training.train_mesh(config.model, config.train, len(vocab))
     built = training.create_train_step(config.model, config.train, len(vocab), mesh)
     batcher = Batcher(TextSource(corpus, seed=0), vocab, config.model.batch_size,
-                      config.model.unroll_steps, n_groups=mesh.size)
+                      config.model.unroll_steps, n_groups=mesh.size,
+                      widest_filter=config.model.char_cnn.widest_filter)  # as train.py's
     return config, vocab, built, built.init(None, None), batcher, mesh
 
 

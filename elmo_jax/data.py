@@ -14,7 +14,9 @@ token and the targets are the sequence without its first.
 A batch is a dict of numpy arrays:
     token_chars [S, N, C] int32  the distinct tokens of each of S row groups
                                  (one per data-parallel shard), spelled as char
-                                 ids; row 0 is the all-zero padding token
+                                 ids; row 0 is the all-zero padding token. With
+                                 `widest_filter`, C is cut to what the character
+                                 CNN needs (`chars.trim_padding`): same outputs
     token_index [2, B, U] int32  forward and backward readings: which row of
                                  its group's table each position holds
     targets     [2, B, U] int32  the next token of each reading (vocabulary ids)
@@ -32,7 +34,7 @@ from typing import Iterator
 
 import numpy as np
 
-from elmo_jax.chars import MAX_CHARS, token_to_char_ids
+from elmo_jax.chars import MAX_CHARS, PAD_CHAR, token_to_char_ids, trim_padding
 from elmo_jax.files import split_lines
 from elmo_jax.vocab import BOS, EOS, Vocabulary, build_vocab, count_tokens
 
@@ -224,15 +226,18 @@ class Batcher:
 
     `source` is a TextSource/IndexedSource (training: never runs dry) or any
     iterable of sentences (evaluation: the last windows are padded and
-    `mask` marks the real positions; iteration stops when every row is empty)."""
+    `mask` marks the real positions; iteration stops when every row is empty).
+    `widest_filter` (the model's, when > 0) cuts each batch's token spellings
+    to the characters its CNN needs."""
 
     def __init__(self, source, vocab: Vocabulary, batch_size: int, unroll_steps: int,
-                 max_chars: int = MAX_CHARS, n_groups: int = 1, table_bucket: int = 128):
+                 max_chars: int = MAX_CHARS, n_groups: int = 1, table_bucket: int = 128,
+                 widest_filter: int = 0):
         if batch_size % n_groups:
             raise DataError(f"batch size {batch_size} does not split into {n_groups} groups")
         self.source, self.vocab = source, vocab
         self.B, self.U, self.C = batch_size, unroll_steps, max_chars
-        self.S, self.table_bucket = n_groups, table_bucket
+        self.S, self.table_bucket, self.widest_filter = n_groups, table_bucket, widest_filter
         self.chars = CharIdCache(max_chars)
         self.rows: list[list[str]] = [[] for _ in range(batch_size)]  # current sentence, forward
         self.offsets = [0] * batch_size
@@ -293,6 +298,8 @@ class Batcher:
         for s, table in enumerate(tables):
             for token, k in table.items():
                 token_chars[s, k] = self.chars(token)
+        if self.widest_filter:
+            token_chars = trim_padding(token_chars, self.widest_filter)
         return token_chars, index
 
     # -- resumable position ---------------------------------------------------
@@ -309,15 +316,15 @@ class Batcher:
         self.offsets = list(position["offsets"])
 
 
-def _input_worker(out, pattern, words, rows, unroll_steps, max_chars, groups, seed, index,
-                  count, position):
+def _input_worker(out, pattern, words, rows, unroll_steps, max_chars, groups, widest_filter,
+                  seed, index, count, position):
     """One input process: a Batcher over its own shards, batches put on `out`
     (a bounded queue: it works ahead by the queue's size) with the position
     after each."""
     try:
         source = TextSource(pattern, seed=seed, process_index=index, process_count=count)
         batcher = Batcher(source, Vocabulary(words), rows, unroll_steps, max_chars,
-                          n_groups=groups)
+                          n_groups=groups, widest_filter=widest_filter)
         if position is not None:
             batcher.restore(position)
         while True:
@@ -337,7 +344,8 @@ class ParallelBatcher:
 
     def __init__(self, pattern: str, vocab: Vocabulary, batch_size: int, unroll_steps: int,
                  max_chars: int = MAX_CHARS, n_groups: int = 1, workers: int = 2, seed: int = 0,
-                 process_index: int = 0, process_count: int = 1, ahead: int = 4):
+                 process_index: int = 0, process_count: int = 1, ahead: int = 4,
+                 widest_filter: int = 0):
         # each worker makes at least one row group (token table) of its own
         groups = n_groups // workers if n_groups >= workers else 1
         if batch_size % workers or groups * workers % n_groups:
@@ -349,7 +357,7 @@ class ParallelBatcher:
             raise DataError(f"{len(shards)} shard(s) matching {pattern!r} cannot feed {count} "
                             f"input workers: split the corpus into at least {count} files")
         self.args = (pattern, vocab.words, batch_size // workers, unroll_steps, max_chars,
-                     groups, seed)
+                     groups, widest_filter, seed)
         self.first, self.workers, self.count, self.ahead = (process_index * workers, workers,
                                                             count, ahead)
         self.positions: list = [None] * workers
@@ -380,8 +388,8 @@ class ParallelBatcher:
                 raise part
             parts.append(part[0])
             self.positions[w] = part[1]
-        n = max(p["token_chars"].shape[1] for p in parts)
-        parts = [pad_tables(p, n) for p in parts]
+        n, width = (max(p["token_chars"].shape[k] for p in parts) for k in (1, 2))
+        parts = [pad_tables(p, n, width) for p in parts]
         return {"token_chars": np.concatenate([p["token_chars"] for p in parts]),
                 "token_index": np.concatenate([p["token_index"] for p in parts], axis=1),
                 "targets": np.concatenate([p["targets"] for p in parts], axis=1),
@@ -405,11 +413,14 @@ class ParallelBatcher:
         self._procs, self._queues = [], None
 
 
-def pad_tables(batch: dict, n: int) -> dict:
-    """A batch's token tables padded to n rows."""
+def pad_tables(batch: dict, n: int, width: int | None = None) -> dict:
+    """A batch's token tables padded to n rows (all-zero padding tokens) and
+    `width` characters (the padding id after each real token's spelling)."""
     chars = batch["token_chars"]
-    if chars.shape[1] == n:
+    (S, n0, w0), width = chars.shape, width or chars.shape[2]
+    if (n0, w0) == (n, width):
         return batch
-    padded = np.zeros(chars.shape[:1] + (n,) + chars.shape[2:], chars.dtype)
-    padded[:, :chars.shape[1]] = chars
+    padded = np.zeros((S, n, width), chars.dtype)
+    padded[:, :n0, w0:] = np.where(np.any(chars > 0, axis=-1, keepdims=True), PAD_CHAR + 1, 0)
+    padded[:, :n0, :w0] = chars
     return {**batch, "token_chars": padded}

@@ -226,6 +226,7 @@ class Elmo:
         ids = np.zeros((bucket(len(tokens), 16), C), np.int32)
         for i, t in enumerate(tokens):
             ids[i] = chars.token_to_char_ids(t, C)
+        ids = chars.trim_padding(ids, self.options.char_cnn.widest_filter)
         return np.asarray(encode_tokens(self.params, ids, self.options))[:len(tokens)]
 
     def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int = 64

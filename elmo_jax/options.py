@@ -62,6 +62,10 @@ class CharCNNOptions:
     def n_filters(self) -> int:
         return sum(n for _, n in self.filters)
 
+    @property
+    def widest_filter(self) -> int:
+        return max(w for w, _ in self.filters)
+
 
 @dataclasses.dataclass(frozen=True)
 class ElmoOptions:

@@ -46,3 +46,17 @@ def test_empty_sentence_and_min_length():
 def test_bad_input(bad, err, needle):
     with pytest.raises(err, match=needle):
         batch_to_char_ids(bad)
+
+
+def test_trim_padding_keeps_a_padding_window_for_the_widest_filter():
+    from elmo_jax.chars import PAD_CHAR, trim_padding
+
+    ids = batch_to_char_ids([["ab", "abcdefghij"], ["c"]])        # longest: 10 bytes + 2 marks
+    cut = trim_padding(ids, widest_filter=7)
+    assert cut.shape == (2, 2, 24)                                  # 12 + 7, up to a multiple of 8
+    np.testing.assert_array_equal(cut, ids[..., :24])
+    assert (ids[0, 1, 12:] == PAD_CHAR + 1).all() and (cut[0, 1, 12:19] == PAD_CHAR + 1).all()
+    assert trim_padding(ids, widest_filter=7, multiple=1).shape[-1] == 19
+    # a token too long to leave a window of padding keeps every character
+    assert trim_padding(batch_to_char_ids([["x" * 45]]), 7).shape[-1] == 50
+    assert trim_padding(batch_to_char_ids([[], []], min_length=2), 3).shape[-1] == 8

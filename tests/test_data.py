@@ -66,6 +66,23 @@ def test_groups_hold_their_own_rows(tmp_path):
         assert b["token_index"][:, :2].max() < 128 and b["token_index"].min() >= 0
 
 
+def test_widest_filter_cuts_each_batch_to_the_spelling_the_cnn_needs():
+    """Each batch's token tables end `widest_filter` characters after its longest
+    spelling (`chars.trim_padding`); `pad_tables` widens them back exactly."""
+    from elmo_jax.data import pad_tables
+
+    sents = [["a", "bb"], ["ccc", "x" * 30], ["dd"], ["e"] * 5, ["y" * 60, "f"]] * 2
+    full = list(Batcher(iter(sents), _vocab(sents), 2, 3))
+    cut = list(Batcher(iter(sents), _vocab(sents), 2, 3, widest_filter=7))
+    widths = [b["token_chars"].shape[2] for b in cut]
+    assert len(cut) == len(full) and 16 in widths and 50 in widths and 40 in widths, widths
+    for a, b in zip(full, cut):
+        longest = int(np.max(np.sum((a["token_chars"] > 0) & (a["token_chars"] != 261), -1)))
+        assert b["token_chars"].shape[2] == min(50, -(-(longest + 7) // 8) * 8)
+        for k in a:
+            np.testing.assert_array_equal(pad_tables(b, *a["token_chars"].shape[1:])[k], a[k])
+
+
 def test_position_restore_continues_exactly(tmp_path):
     sents = [[f"t{i}", f"u{i % 3}", "x"][: 1 + i % 3] for i in range(30)]
     path = _corpus(tmp_path, sents)

@@ -91,6 +91,49 @@ def ref_elmo(ds, opts, sentence, keep_boundaries=False):
     return (layers if keep_boundaries else layers[:, 1:-1]), (ffin, bfin)
 
 
+def test_trimmed_spellings_give_the_same_token_vectors_and_gradients(tmp_path):
+    """`chars.trim_padding` (what `Elmo` and the training batches feed the
+    character CNN): the token vectors still match the float64 reference over all
+    50 characters, and every parameter's gradient equals the untrimmed one."""
+    import jax
+    import jax.numpy as jnp
+
+    from elmo_jax.chars import trim_padding
+    from elmo_jax.model import BiLM
+
+    opts = tiny_options_dict()
+    options = elmo_jax.ElmoOptions.from_dict(opts)
+    ds = random_tf_datasets(options, seed=5)
+    write_datasets(tmp_path / "w.hdf5", ds)
+    params = elmo_jax.load_weights(tmp_path / "w.hdf5", options)
+    tokens = ["The", "bank", "of", "rivers", "café", "日本語", "a", "."]
+    elmo = elmo_jax.Elmo(params, options)
+    np.testing.assert_allclose(elmo.token_vectors(tokens),
+                               ref_token_vectors({k: v.astype(np.float64) for k, v in ds.items()},
+                                                 opts, tokens), atol=2e-5, rtol=1e-5)
+    ids = elmo_jax.batch_to_char_ids([tokens, tokens[:3]])
+    cut = trim_padding(ids, options.char_cnn.widest_filter, multiple=1)
+    assert cut.shape[-1] == 14                                  # 日本語: 9 bytes + 2 marks + 3
+    probe = np.random.default_rng(0).normal(size=ids.shape[:2] + (8,)).astype(np.float32)
+
+    def grads(char_ids):
+        def loss(p):
+            x = BiLM(options).apply({"params": p}, char_ids, method=BiLM.encode_tokens)
+            return jnp.sum(x * probe)
+        return jax.grad(loss)(params)
+
+    full, trimmed = grads(jnp.asarray(ids)), grads(jnp.asarray(cut))
+    # cut at the end marks, no padding window is left: the vectors change
+    one = elmo_jax.batch_to_char_ids([["a", "."]])
+    encode = lambda c: elmo_jax.encode_tokens(params, jnp.asarray(c), options)  # noqa: E731
+    assert not np.allclose(encode(one[..., :3]), encode(one), atol=1e-3)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(full), jax.tree.leaves(trimmed)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5,
+                                   err_msg=jax.tree_util.keystr(path))
+    assert float(jnp.abs(full["char_encoder"]["char_embed"][261]).max()) > 0, \
+        "the padding character's embedding gets a gradient (a padding window is a maximum)"
+
+
 @pytest.mark.parametrize("skip", [True, False])
 def test_embed_matches_float64_reference(tmp_path, skip):
     opts = tiny_options_dict(skip=skip)

@@ -52,7 +52,8 @@ def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Voc
                           f"the {n_rows} devices")
     batcher = data_lib.Batcher(data_lib.OnceSource(eval_files), vocab, config.eval_batch_size,
                                config.eval_unroll_steps,
-                               options.char_cnn.max_characters_per_token, n_groups=n_rows)
+                               options.char_cnn.max_characters_per_token, n_groups=n_rows,
+                               widest_filter=options.char_cnn.widest_filter)
     step = functools.partial(_eval_step_jit, options=options, config=config, mesh=mesh)
     state = jax.jit(functools.partial(init_state, options, config.eval_batch_size),
                     out_shardings=lstm_state_sharding(mesh))()
@@ -109,6 +110,7 @@ def _batcher(config: Config, vocab: Vocabulary, mesh, source=None):
     options = config.model
     rows, groups = options.batch_size // jax.process_count(), mesh.size // jax.process_count()
     shape = (options.unroll_steps, options.char_cnn.max_characters_per_token)
+    widest = options.char_cnn.widest_filter  # batches spell tokens only as far as the CNN needs
     where = dict(seed=config.train.seed, process_index=jax.process_index(),
                  process_count=jax.process_count())
     if source is None and config.data.source == "lm1b":
@@ -120,9 +122,9 @@ def _batcher(config: Config, vocab: Vocabulary, mesh, source=None):
         if config.train.input_workers > 0:
             return data_lib.ParallelBatcher(config.data.train_files, vocab, rows, *shape,
                                             n_groups=groups, workers=config.train.input_workers,
-                                            **where)
+                                            widest_filter=widest, **where)
         source = data_lib.TextSource(config.data.train_files, **where)
-    return data_lib.Batcher(source, vocab, rows, *shape, n_groups=groups)
+    return data_lib.Batcher(source, vocab, rows, *shape, n_groups=groups, widest_filter=widest)
 
 
 def _max_steps(config: Config) -> float:

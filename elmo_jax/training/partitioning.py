@@ -103,8 +103,8 @@ def lstm_state_sharding(mesh: Mesh) -> NamedSharding:
 def global_batch(local: dict, mesh: Mesh) -> dict:
     """Host-local numpy batch -> global arrays (each process holds its rows)."""
     if jax.process_count() > 1:  # the token tables must have one shape everywhere
-        n = multihost_utils.process_allgather(np.array([local["token_chars"].shape[1]]))
-        local = pad_tables(local, int(np.max(n)))
+        n = multihost_utils.process_allgather(np.array(local["token_chars"].shape[1:]))
+        local = pad_tables(local, *(int(k) for k in np.max(n.reshape(-1, 2), axis=0)))
     shardings = batch_shardings(mesh)
     return {k: jax.make_array_from_process_local_data(shardings[k], v) for k, v in local.items()}
 
