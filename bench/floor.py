@@ -27,8 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 # the token encoder's rows in a training step: the distinct-token table as
-# bench/profile.py measures it on the bench data
+# bench/profile.py measures it on the bench data; and its characters per token
+# once chars.trim_padding has cut the spellings (24 in almost every batch there)
 DISTINCT_TOKENS = {"bilm-tf-small": 384, "original": 1024}
+TRAIN_CHAR_WIDTH = 24
 
 
 def _normal(key, shape, dtype):
@@ -92,9 +94,9 @@ def segment_products(options, segments, dtype):
     return out
 
 
-def encoder_products(options, n_tokens, train: bool):
+def encoder_products(options, n_tokens, train: bool, C: int):
     """The token encoder's convolutions, highway and projection products over
-    `n_tokens` distinct tokens (float32, as the model runs them)."""
+    `n_tokens` distinct tokens of C characters (float32, as the model runs them)."""
     import jax
     import jax.numpy as jnp
 
@@ -102,7 +104,7 @@ def encoder_products(options, n_tokens, train: bool):
     from elmo_jax.model import char_conv_max
 
     c, P = options.char_cnn, options.lstm.projection_dim
-    C, E, F = c.max_characters_per_token, c.embedding_dim, c.n_filters
+    E, F = c.embedding_dim, c.n_filters
     k = iter(jax.random.split(jax.random.PRNGKey(1), 64))
     f32 = jnp.float32
     x = _normal(next(k), (n_tokens, C, E), f32)
@@ -164,7 +166,8 @@ def train_floor(config_name, dtype, repeats):
     B, T = options.batch_size, options.unroll_steps
     dt = jnp.dtype(dtype)
     items = (lstm_products(options, B, T, True, dt)
-             + encoder_products(options, DISTINCT_TOKENS.get(config_name, 2 * B * T // 3), True)
+             + encoder_products(options, DISTINCT_TOKENS.get(config_name, 2 * B * T // 3), True,
+                                TRAIN_CHAR_WIDTH)
              + softmax_products(options, B * T))
     return measure(items, repeats)
 
@@ -172,7 +175,10 @@ def train_floor(config_name, dtype, repeats):
 def embed_floor(config_name, dtype, repeats):
     import jax.numpy as jnp
 
+    import numpy as np
+
     sys.path.insert(0, _common.REPO)
+    from elmo_jax.chars import token_to_char_ids, trim_padding
     from elmo_jax.embedding import bucket
     from elmo_jax.model import packed_segments
 
@@ -188,9 +194,12 @@ def embed_floor(config_name, dtype, repeats):
         lengths += [2] * (-(-len(lengths) // 8) * 8 - len(lengths))
         schedules.append(packed_segments(lengths))
         items += segment_products(options, schedules[-1], jnp.dtype(dtype))
-        # each batch's distinct tokens, padded to a power of two (Elmo._encode)
-        distinct = len(dict.fromkeys(t for s in batch for t in s))
-        items += encoder_products(options, bucket(distinct, 16), False)
+        # each batch's distinct tokens, padded to a power of two and cut to the
+        # characters the CNN needs (Elmo._encode)
+        distinct = list(dict.fromkeys(t for s in batch for t in s))
+        C = trim_padding(np.stack([token_to_char_ids(t) for t in distinct]),
+                         options.char_cnn.widest_filter).shape[-1]
+        items += encoder_products(options, bucket(len(distinct), 16), False, C)
     print("packed schedules:", schedules)
     return measure(items, repeats)
 

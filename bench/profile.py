@@ -121,7 +121,7 @@ def embed_breakdown(config: str) -> dict:
     import numpy as np
 
     from elmo_jax import ElmoOptions, load_weights
-    from elmo_jax.chars import token_to_char_ids
+    from elmo_jax.chars import token_to_char_ids, trim_padding
     from elmo_jax.embedding import embed_token_vectors, encode_tokens
     from elmo_jax.model import packed_segments
 
@@ -138,6 +138,7 @@ def embed_breakdown(config: str) -> dict:
                    np.int32)
     for i, w in enumerate(distinct):
         ids[i] = token_to_char_ids(w)
+    ids = trim_padding(ids, options.char_cnn.widest_filter)  # as Elmo._encode
     T = -(-(len(sentences[0]) + 2) // 8) * 8 - 2
     tokens = np.random.randn(32, T, options.lstm.projection_dim).astype(np.float32)
     mask = np.zeros((32, T), bool)
