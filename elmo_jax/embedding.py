@@ -87,7 +87,8 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
 
     params:   biLM parameters (`load_weights`, `init_params` or training).
     char_ids: [B, T, C] int32 from `batch_to_char_ids` (real tokens first in
-              each row, then all-zero padding tokens).
+              each row, then all-zero padding tokens); `chars.trim_padding`
+              may cut C first (the same output, a cheaper character CNN).
     state:    LSTMState for B rows to continue from (stateful use), or None to
               start from zeros (the default: a sentence always gets the same vectors).
     mix:      scalar-mix parameters from `init_mix`; adds `mixed` and `mix_weights`.
