@@ -45,13 +45,17 @@ def matmuls(shapes):
         nk = jax.jit(lambda a, bt: jnp.einsum("mk,nk->mn", a, bt))
         feature_major = jax.jit(lambda bt, at: jnp.einsum("nk,km->nm", bt, at))
         t_np = min(_wall(lambda: a @ b) for _ in range(20))
-        # unrounded times: the small products take well under 0.1 ms
-        out[f"{M}x{K}x{N}"] = {"xla_gflops": round(fl / _common.best_seconds(kn, ja, jb, n=20)),
-                               "xla_transposed_gflops": round(fl / _common.best_seconds(nk, ja, jbt, n=20)),
-                               "xla_feature_major_gflops": round(
-                                   fl / _common.best_seconds(feature_major, jbt, jat, n=20)),
+        out[f"{M}x{K}x{N}"] = {"xla_gflops": _gflops(fl, kn, ja, jb),
+                               "xla_transposed_gflops": _gflops(fl, nk, ja, jbt),
+                               "xla_feature_major_gflops": _gflops(fl, feature_major, jbt, jat),
                                "numpy_blas_gflops": round(fl / t_np)}
     return out
+
+
+def _gflops(gflop, f, *args):
+    """GFLOP/s of f(*args), best of 20 (unrounded times: the small products
+    take well under 0.1 ms)."""
+    return round(gflop / _common.best_seconds(f, *args, n=20))
 
 
 def _wall(f):
