@@ -88,7 +88,8 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
     params:   biLM parameters (`load_weights`, `init_params` or training).
     char_ids: [B, T, C] int32 from `batch_to_char_ids` (real tokens first in
               each row, then all-zero padding tokens); `chars.trim_padding`
-              may cut C first (the same output, a cheaper character CNN).
+              may cut C first (the same output, a cheaper character CNN; any
+              other C under the options' must not cut a token's spelling).
     state:    LSTMState for B rows to continue from (stateful use), or None to
               start from zeros (the default: a sentence always gets the same vectors).
     mix:      scalar-mix parameters from `init_mix`; adds `mixed` and `mix_weights`.
@@ -99,9 +100,11 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
               packed schedule for rows sorted by length (see `embed_token_vectors`)."""
     if char_ids.ndim != 3:
         raise ValueError(f"char_ids must be [batch, tokens, chars], got shape {char_ids.shape}")
-    if char_ids.shape[2] != options.char_cnn.max_characters_per_token:
+    C, widest = options.char_cnn.max_characters_per_token, options.char_cnn.widest_filter
+    if not widest <= char_ids.shape[2] <= C:  # fewer than C: cut by `chars.trim_padding`
         raise ValueError(f"char_ids have {char_ids.shape[2]} characters per token; the options "
-                         f"say {options.char_cnn.max_characters_per_token}")
+                         f"say {C} (or fewer, cut by chars.trim_padding, but at least the "
+                         f"widest filter, {widest})")
     if not jnp.issubdtype(char_ids.dtype, jnp.integer):
         raise TypeError(f"char_ids must be integers, got {char_ids.dtype}")
     tokens = encode_tokens(params, char_ids.astype(jnp.int32), options)

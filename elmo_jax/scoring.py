@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.chars import batch_to_char_ids
+from elmo_jax.chars import batch_to_char_ids, trim_padding
 from elmo_jax.embedding import bucket
 from elmo_jax.model import BiLM, LSTMState, init_state
 from elmo_jax.options import ElmoOptions
@@ -87,6 +87,7 @@ def score_sentences(params: dict, softmax: dict, options: ElmoOptions, vocab: Vo
         T = bucket(max(len(s) for s in part) + 1)
         rows = len(part) if stateful else bucket(len(part), 1)
         ids, targets, mask = sentence_readings(part, vocab, C, T, rows)
+        ids = trim_padding(ids, options.char_cnn.widest_filter)  # same scores, less CNN work
         logp, new_state = sentence_log_probs(
             params, softmax, ids, targets, mask,
             state if stateful else init_state(options, rows), options)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import elmo_jax
+from elmo_jax import chars
 from conftest import REPO, random_tf_datasets, tiny_options_dict, write_datasets
 from test_fixtures import _batches, _expected
 from test_model import SENTENCES, ref_elmo
@@ -153,7 +154,16 @@ def test_bad_and_edge_input(model):
     with pytest.raises(ValueError, match="empty batch"):
         elmo_jax.embed(params, np.zeros((0, 3, 50), np.int32), options)
     with pytest.raises(ValueError, match="characters per token"):
-        elmo_jax.embed(params, np.zeros((1, 3, 40), np.int32), options)
+        elmo_jax.embed(params, np.zeros((1, 3, 60), np.int32), options)
+    widest = options.char_cnn.widest_filter
+    with pytest.raises(ValueError, match=f"at least the widest filter, {widest}"):
+        elmo_jax.embed(params, np.zeros((1, 3, widest - 1), np.int32), options)
+    # ids cut by trim_padding (as the README says to) embed exactly like the whole spellings
+    ids = elmo_jax.batch_to_char_ids([["a", "cut", "spellings"], ["ok"]])
+    cut = chars.trim_padding(ids, widest)
+    assert cut.shape[-1] < ids.shape[-1]
+    np.testing.assert_array_equal(np.asarray(elmo_jax.embed(params, cut, options).layers),
+                                  np.asarray(elmo_jax.embed(params, ids, options).layers))
     with pytest.raises(ValueError, match="state has 4 rows but the batch has 1"):
         elmo_jax.embed(params, elmo_jax.batch_to_char_ids([["a"]]), options,
                        elmo_jax.init_state(options, 4))

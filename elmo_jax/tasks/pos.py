@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from elmo_jax.chars import batch_to_char_ids
+from elmo_jax.chars import batch_to_char_ids, trim_padding
 from elmo_jax.cli import print_result, run_cli
 from elmo_jax.embedding import bucket, embed
 from elmo_jax.export import load_export
@@ -95,9 +95,11 @@ class Tagger(nn.Module):
         return nn.Dense(self.n_tags)(x)
 
 
-def make_batches(data, tag_index, word_index, batch_size, max_chars=50):
+def make_batches(data, tag_index, word_index, batch_size, max_chars=50, widest_filter=0):
     """Length-sorted batches of numpy arrays; lengths padded to powers of two
-    and every batch to `batch_size` rows, so that few shapes are compiled."""
+    and every batch to `batch_size` rows, so that few shapes are compiled.
+    `widest_filter` (the biLM's, when > 0) cuts each batch's spellings to what
+    the character CNN needs (`chars.trim_padding`: the same features)."""
     order = sorted(range(len(data)), key=lambda i: len(data[i][0]))
     batches = []
     for start in range(0, len(order), batch_size):
@@ -109,7 +111,10 @@ def make_batches(data, tag_index, word_index, batch_size, max_chars=50):
         for b, (tokens, tg) in enumerate(rows):
             tags[b, :len(tg)] = [tag_index[t] for t in tg]
             words[b, :len(tokens)] = [word_index.get(w, 1) for w in tokens]
-        batches.append({"char_ids": batch_to_char_ids(sents, max_chars, min_length=T),
+        char_ids = batch_to_char_ids(sents, max_chars, min_length=T)
+        if widest_filter:
+            char_ids = trim_padding(char_ids, widest_filter)
+        batches.append({"char_ids": char_ids,
                         "tags": tags, "word_ids": words,
                         "mask": np.arange(T)[None, :] < np.array([len(s) for s in sents])[:, None]})
     return batches
@@ -204,7 +209,8 @@ def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
     words = sorted({w for s, _ in train for w in s})
     word_index = {w: i + 2 for i, w in enumerate(words)}  # 0 padding, 1 unknown
     C = options.char_cnn.max_characters_per_token
-    batches = {name: make_batches(d, tag_index, word_index, config.batch_size, C)
+    batches = {name: make_batches(d, tag_index, word_index, config.batch_size, C,
+                                 options.char_cnn.widest_filter)
                for name, d in (("train", train), ("dev", dev), ("test", test))}
     tagger = Tagger(len(tags), config.hidden, config.dropout)
     key = jax.random.PRNGKey(config.seed)
