@@ -26,6 +26,7 @@ from elmo_jax.files import read_json, write_json
 from elmo_jax.options import ElmoOptions, OptionsError
 
 SECTIONS = ("description", "model", "train", "data")
+SOFTMAX_INITS = ("unigram", "bilm-tf")  # how the softmax biases start (steps.init_softmax)
 
 
 class ConfigError(ValueError):
@@ -52,6 +53,8 @@ class TrainConfig:
     mesh_model: int = 0                       # devices on the `model` axis (softmax rows split);
                                               # 0: chosen by the vocabulary's size
     softmax: str = "sampled"                  # "full": train on the exact softmax
+    softmax_init: str = "unigram"             # biases start at the sampler's Zipf law;
+                                              # "bilm-tf": at 0 (see steps.init_softmax)
     softmax_chunk: int = 16384                # vocabulary rows per chunk of the full softmax
     input_workers: int = 0                    # > 0: batches made ahead in this many processes
     scan_unroll: int = 1
@@ -118,6 +121,9 @@ def config_from_dict(d: dict) -> Config:
     train = _section(TrainConfig, d.get("train", {}), "train")
     if train.softmax not in ("sampled", "full"):
         raise ConfigError(f"'train.softmax' must be 'sampled' or 'full', got {train.softmax!r}")
+    if train.softmax_init not in SOFTMAX_INITS:
+        raise ConfigError(f"'train.softmax_init' must be one of {', '.join(SOFTMAX_INITS)}, "
+                          f"got {train.softmax_init!r}")
     if model.sample_softmax is False:  # bilm-tf's sample_softmax: false asks for the full one
         if d.get("train", {}).get("softmax", "full") != "full":
             raise ConfigError("model.sample_softmax is false (bilm-tf's option) but "

@@ -49,6 +49,7 @@ def test_resolved_config_round_trips(tmp_path):
     ("train.learning_rat=0.1", "train.learning_rat"),
     ("model.lstm.dimm=3", "lstm.dimm"),
     ("data.source=web", "data.source"),
+    ("train.softmax_init=zeros", "softmax_init.*unigram, bilm-tf"),
     ("optim.lr=1", "starts with model, train or data"),
     ("train.learning_rate", "PATH=VALUE"),
 ])

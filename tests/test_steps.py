@@ -12,7 +12,7 @@ from elmo_jax import ElmoOptions
 from elmo_jax.config import TrainConfig
 from elmo_jax.data import Batcher
 from elmo_jax.model import init_state
-from elmo_jax.training.steps import eval_step, init_train_state, loss_fn
+from elmo_jax.training.steps import PAD_BIAS, eval_step, init_train_state, loss_fn
 from elmo_jax.vocab import build_vocab
 
 
@@ -46,3 +46,22 @@ def test_sampled_softmax_is_the_default():
     loss, _ = loss_fn(state.params, batch, state.lstm_state, rng, options, config)
     _, nll, n = eval_step(state.params, state.lstm_state, batch, options=options, config=config)
     assert abs(float(loss) - 0.5 * float(np.sum(nll)) / float(n)) > 1e-3
+
+
+def test_softmax_starts_as_the_samplers_unigram_model_or_as_bilm_tf():
+    """The default start: each word's bias is the log-probability of its rank
+    under the log-uniform law (float64 numpy here), so the untrained full softmax
+    is that unigram model; padding rows stay out. bilm-tf's start: biases 0."""
+    options = ElmoOptions.from_dict(tiny_options_dict())
+    V = 300  # padded to 384 rows
+    k = np.arange(V, dtype=np.float64)
+    law = np.log((k + 2) / (k + 1)) / np.log(V + 1)
+    params = init_train_state(options, TrainConfig(), V).params["softmax"]
+    b = np.asarray(params["b"])
+    assert b.shape == (384,) and np.all(b[V:] == PAD_BIAS)
+    np.testing.assert_allclose(b[:V], np.log(law), rtol=1e-5)
+    with_zero_rows = jax.nn.softmax(params["b"])  # the softmax at a zero hidden state
+    np.testing.assert_allclose(np.asarray(with_zero_rows)[:V], law, rtol=1e-4)
+    bilm_tf = init_train_state(options, TrainConfig(softmax_init="bilm-tf"), V).params["softmax"]
+    assert np.all(np.asarray(bilm_tf["b"])[:V] == 0.0)
+    np.testing.assert_array_equal(bilm_tf["w"], params["w"])  # the same rows either way

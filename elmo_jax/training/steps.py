@@ -19,10 +19,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from elmo_jax.config import TrainConfig
+from elmo_jax.config import SOFTMAX_INITS, TrainConfig
 from elmo_jax.model import BiLM, LSTMState, init_params, init_state
 from elmo_jax.options import ElmoOptions
-from elmo_jax.softmax import (chunked_softmax_loss, expected_count, log_uniform_sample,
+from elmo_jax.softmax import (chunked_softmax_loss, expected_count, log_uniform_prob,
+                              log_uniform_sample,
                               sampled_softmax_from_rows, sharded_full_softmax_loss, sharded_rows)
 
 
@@ -59,11 +60,27 @@ def pad_softmax(softmax: dict, vocab_size: int) -> dict:
             "b": jnp.pad(jnp.asarray(softmax["b"]), (0, extra), constant_values=PAD_BIAS)}
 
 
-def init_softmax(options: ElmoOptions, vocab_size: int, rng: jax.Array) -> dict:
-    """{"w": [R, P], "b": [R]} for R = softmax_rows(V); rows from V on are padding."""
+def init_softmax(options: ElmoOptions, vocab_size: int, rng: jax.Array,
+                 how: str = "unigram") -> dict:
+    """{"w": [R, P], "b": [R]} for R = softmax_rows(V); rows from V on are padding.
+
+    Rows start N(0, 1/P) as bilm-tf's. Biases: "bilm-tf" starts them at 0;
+    "unigram" at the log-probability of each word's rank under the log-uniform
+    (Zipf) law the sampler assumes of the frequency-sorted vocabulary, so the
+    untrained full softmax is that unigram model. Why: the sampled softmax
+    trains only the rows it draws, and with zero biases the rare words' rows,
+    not drawn yet, keep random logits that grow with the hidden state and
+    dominate the full softmax of a young model (held-out perplexity in the
+    millions in one direction at some seeds); under the unigram start a row
+    the sampler has not drawn keeps its word's small prior (BENCHMARKS.md,
+    "Learning")."""
     P, R = options.lstm.projection_dim, softmax_rows(vocab_size)
+    ids = jnp.arange(R)
+    if how not in SOFTMAX_INITS:
+        raise ValueError(f"softmax_init must be one of {SOFTMAX_INITS}, got {how!r}")
+    b = jnp.log(log_uniform_prob(ids, vocab_size)) if how == "unigram" else jnp.zeros((R,))
     return {"w": jax.random.normal(rng, (R, P)) / math.sqrt(P),
-            "b": jnp.where(jnp.arange(R) < vocab_size, 0.0, PAD_BIAS)}
+            "b": jnp.where(ids < vocab_size, b, PAD_BIAS)}
 
 
 def init_train_state(options: ElmoOptions, config: TrainConfig, vocab_size: int,
@@ -75,7 +92,7 @@ def init_train_state(options: ElmoOptions, config: TrainConfig, vocab_size: int,
     params = {
         "bilm": bilm_params if bilm_params is not None else init_params(options, k_bilm),
         "softmax": pad_softmax(softmax_params, vocab_size) if softmax_params is not None
-        else init_softmax(options, vocab_size, k_softmax),
+        else init_softmax(options, vocab_size, k_softmax, config.softmax_init),
     }
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
