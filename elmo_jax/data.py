@@ -81,6 +81,14 @@ def vocab_from_files(pattern: str, max_vocab: int | None = None, min_count: int 
     return v, {"size": len(v), "tokens": total, "coverage": round(covered / max(1, total), 4)}
 
 
+def shuffle_key(seed: int, process_index: int, process_count: int) -> tuple[int, ...]:
+    """The seed of a process's shuffles: its own in a run of several processes
+    (one seed for all would shuffle every process's share alike: process 1
+    would read the neighbour of the record process 0 reads); the plain seed
+    alone for a single process."""
+    return (seed,) if process_count == 1 else (seed, process_count, process_index)
+
+
 class TextSource:
     """Sentences from text shards, forever, in a seeded order: each epoch
     shuffles the shards, and the sentences within each shard. With several
@@ -94,19 +102,19 @@ class TextSource:
             raise DataError(f"{len(shards)} shard(s) matching {pattern!r} cannot feed "
                             f"{process_count} processes: split the corpus into at least "
                             f"{process_count} files")
-        self.seed = seed
+        self.key = shuffle_key(seed, process_index, process_count)
         self.epoch, self.shard_pos, self.sent_pos = 0, 0, 0
         self._loaded: tuple | None = None  # (epoch, shard_pos, sentences in order)
 
     def _shard_order(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.shards))
+        return np.random.default_rng([*self.key, epoch]).permutation(len(self.shards))
 
     def _sentences(self) -> list[list[str]]:
         key = (self.epoch, self.shard_pos)
         if self._loaded is None or self._loaded[:2] != key:
             path = self.shards[self._shard_order(self.epoch)[self.shard_pos]]
             sentences = read_sentences(path)
-            order = np.random.default_rng([self.seed, self.epoch, self.shard_pos]).permutation(
+            order = np.random.default_rng([*self.key, self.epoch, self.shard_pos]).permutation(
                 len(sentences))
             self._loaded = key + ([sentences[i] for i in order],)
         return self._loaded[2]
@@ -155,7 +163,8 @@ class IndexedSource:
 
     def __init__(self, records, text_key: str | None = None, seed: int = 0,
                  process_index: int = 0, process_count: int = 1, name: str = "records"):
-        self.records, self.text_key, self.seed, self.name = records, text_key, seed, name
+        self.records, self.text_key, self.name = records, text_key, name
+        self.key = shuffle_key(seed, process_index, process_count)
         self.mine = np.arange(process_index, len(records), process_count, dtype=np.int64)
         if len(self.mine) == 0:
             raise DataError(f"{name} has no records for process {process_index} of {process_count}")
@@ -164,7 +173,7 @@ class IndexedSource:
 
     def _permutation(self) -> np.ndarray:
         if self._order is None or self._order[0] != self.epoch:
-            self._order = (self.epoch, np.random.default_rng([self.seed, self.epoch]).permutation(
+            self._order = (self.epoch, np.random.default_rng([*self.key, self.epoch]).permutation(
                 self.mine))
         return self._order[1]
 
@@ -382,7 +391,7 @@ class ParallelBatcher:
             self._start()
         parts = []
         for w, q in enumerate(self._queues):
-            part = q.get()
+            part = self._get(w, q)
             if isinstance(part, Exception):
                 self.close()
                 raise part
@@ -394,6 +403,24 @@ class ParallelBatcher:
                 "token_index": np.concatenate([p["token_index"] for p in parts], axis=1),
                 "targets": np.concatenate([p["targets"] for p in parts], axis=1),
                 "mask": np.concatenate([p["mask"] for p in parts])}
+
+    def _get(self, w: int, q):
+        """Worker w's next part; an error naming it if it died (a worker killed
+        for memory puts nothing on its queue, which would be waited on forever)."""
+        import queue
+
+        while True:
+            try:
+                return q.get(timeout=1.0)
+            except queue.Empty:
+                proc = self._procs[w]
+                if not proc.is_alive():
+                    code = proc.exitcode
+                    why = (f"killed by signal {-code}" + (" (out of memory?)" if code == -9 else "")
+                           if code < 0 else f"exit code {code}")
+                    self.close()
+                    return DataError(f"input worker {self.first + w} (pid {proc.pid}) died: "
+                                     f"{why}")
 
     def position(self) -> dict:
         return {"workers": list(self.positions)}

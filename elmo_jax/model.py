@@ -112,8 +112,9 @@ def _clip(x, limit):
 
 
 def _inside(x, limit):
-    """d clip(x) / dx."""
-    return 1.0 if limit is None else (jnp.abs(x) < limit).astype(x.dtype)
+    """d clip(x) / dx as TensorFlow's clip_by_value has it: the gradient passes
+    at the limits themselves (-limit <= x <= limit)."""
+    return 1.0 if limit is None else (jnp.abs(x) <= limit).astype(x.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))

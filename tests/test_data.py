@@ -1,11 +1,13 @@
 """Text -> bilm-tf windows: streams, targets, resumable position, host shards."""
 import collections
+import os
 
 import numpy as np
 import pytest
 
 from elmo_jax import batch_to_char_ids
-from elmo_jax.data import Batcher, DataError, OnceSource, TextSource, read_sentences
+from elmo_jax.data import (Batcher, DataError, IndexedSource, OnceSource, TextSource,
+                           read_sentences)
 from elmo_jax.vocab import build_vocab
 
 
@@ -202,3 +204,42 @@ def test_parallel_batcher_is_its_workers_batchers_side_by_side(tmp_path):
     three = ParallelBatcher(pattern, vocab, batch_size=6, unroll_steps=4, n_groups=3, workers=3)
     with pytest.raises(DataError, match="of 2 input workers; this run has 3"):
         three.restore(saved)
+
+
+def test_a_dead_input_worker_is_an_error_naming_it(tmp_path):
+    """A worker killed outright (as the kernel kills for memory) leaves nothing on
+    its queue: the batcher says which worker died, not wait forever."""
+    import signal
+
+    from elmo_jax.data import ParallelBatcher
+
+    pattern, vocab = _shards(tmp_path)
+    par = ParallelBatcher(pattern, vocab, batch_size=6, unroll_steps=4, n_groups=2, workers=2,
+                          ahead=2)
+    try:
+        next(par)
+        victim = par._procs[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        with pytest.raises(DataError, match=rf"input worker 1 \(pid {victim.pid}\) died: "
+                                            r"killed by signal 9 \(out of memory\?\)"):
+            for _ in range(10):  # the batches it made before are still read first
+                next(par)
+    finally:
+        par.close()
+
+
+def test_each_process_shuffles_its_share_with_its_own_seed(tmp_path):
+    """Two processes, one run seed: their shares are disjoint and cover the
+    corpus, and they are not shuffled alike (with one shuffle seed, process 1
+    would read the neighbour of each record process 0 reads)."""
+    records = [f"sentence {i}" for i in range(100)]
+    first = [IndexedSource(records, seed=3, process_index=i, process_count=2) for i in (0, 1)]
+    reads = [[int(s.next_sentence()[1]) for _ in range(50)] for s in first]
+    assert sorted(reads[0] + reads[1]) == list(range(100))
+    assert sum(b - a == 1 for a, b in zip(*reads)) < 10
+    for k in range(4):  # text shards: two per process, each 30 sentences
+        (tmp_path / f"shard{k}.txt").write_text("".join(f"s{k} {i}\n" for i in range(30)))
+    text = [TextSource(str(tmp_path / "shard*.txt"), seed=3, process_index=i, process_count=2)
+            for i in (0, 1)]
+    reads = [[int(s.next_sentence()[1]) for _ in range(30)] for s in text]
+    assert reads[0] != reads[1]

@@ -374,3 +374,16 @@ def test_input_gates_and_gradients_match_references(dtype):
         assert a.dtype == dt
         np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=tol,
                                    atol=tol * float(jnp.abs(b).max()))
+
+
+def test_clip_gradient_passes_at_the_limit_as_tensorflows_clip_by_value():
+    """TF's clip_by_value gradient is 0 only outside [-limit, limit] (its
+    _ClipByValueGrad selects x < min and x > max): the backward pass's
+    derivative of the clips follows it, the limits included."""
+    import jax.numpy as jnp
+
+    from elmo_jax.model import _inside
+
+    x = jnp.array([-3.5, -3.0, -2.9, 0.0, 2.9, 3.0, 3.5])
+    np.testing.assert_array_equal(_inside(x, 3.0), [0, 1, 1, 1, 1, 1, 0])
+    assert _inside(x, None) == 1.0

@@ -112,6 +112,27 @@ def test_a_stop_reaching_one_process_stops_both_at_one_step(tmp_path, how):
     assert steps[-2:] == [stopped + 1, stopped + 2] and steps.count(stopped + 1) == 1
 
 
+def test_a_bad_shard_on_one_process_stops_both_naming_the_file(tmp_path):
+    """Process 1's shard has a line that is not UTF-8 near its end: it fails
+    reading it, and both processes exit non-zero within seconds (not wait in a
+    collective or in jax.distributed's shutdown), each error naming the process
+    and the file."""
+    pattern = _sharded_corpus(tmp_path)
+    bad = tmp_path / "data" / "shard-1.txt"
+    lines = bad.read_bytes().splitlines(keepends=True)
+    lines[-3] = b"the caf\xe9 is closed .\n"
+    bad.write_bytes(b"".join(lines))
+    t0 = time.time()
+    procs = _start_two_hosts(pattern, str(tmp_path / "run"), 20)
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert time.time() - t0 < 60
+    for i, (p, (_, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode != 0, err[-3000:]
+        first = next(line for line in err.splitlines() if line.startswith("error:"))
+        assert f"process {i} of 2" in first and f"{bad}, line {len(lines) - 2}" in first, err
+    assert "because process 1 failed" in outs[0][1]
+
+
 def test_evaluation_and_init_from_over_two_processes(tmp_path):
     """Each process scores its share of the held-out streams; the perplexity is
     the single-process one. --init_from WORKDIR restores on each process's own

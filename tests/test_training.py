@@ -133,11 +133,12 @@ def test_one_device_and_eight_devices_give_the_same_losses(tmp_path):
                                                                                step)
 
 
-def _train_cmd(files, workdir, max_steps, checkpoint_every):
+def _train_cmd(files, workdir, max_steps, checkpoint_every, *extra):
     return [sys.executable, os.path.join(REPO, "train.py"), "--config", TINY,
             "--train_files", files["train.txt"], "--vocab_file", files["vocab.txt"],
             "--workdir", str(workdir), "--max_steps", str(max_steps), "--batch_size", "8",
-            "--checkpoint_every", str(checkpoint_every), "--log_every", "1", "--no_progress"]
+            "--checkpoint_every", str(checkpoint_every), "--log_every", "1", "--no_progress",
+            *extra]
 
 
 def _wait_for(predicate, proc, timeout=300):
@@ -146,6 +147,23 @@ def _wait_for(predicate, proc, timeout=300):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.time() - t0 < timeout, "timed out"
         time.sleep(0.2)
+
+
+def test_settings_that_fail_late_are_refused_before_step_one(tmp_path):
+    """On 8 devices an eval batch of 6 cannot be split: refused at the start,
+    not at the first evaluation after training (where a restarted pod would die
+    again and again); so is a held-out glob that matches nothing."""
+    files = write_grammar_corpus(tmp_path / "data")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    for extra, message in [
+            (("--eval_files", files["heldout.txt"], "--set", "train.eval_batch_size=6"),
+             "train.eval_batch_size 6 must divide over the 8 devices"),
+            (("--eval_files", str(tmp_path / "nothing*.txt")), "no files match")]:
+        work = tmp_path / f"run{len(message)}"
+        r = subprocess.run(_train_cmd(files, work, 4, 2, "--set", "train.eval_every=2", *extra),
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and message in r.stderr, r.stderr[-3000:]
+        assert not os.path.exists(work / "metrics.jsonl")  # nothing trained
 
 
 def test_killed_run_resumes_with_the_same_losses(tmp_path):
@@ -175,19 +193,30 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path):
         assert got[step] == pytest.approx(want[step], rel=1e-6), step
 
 
-def test_sigterm_saves_a_checkpoint_and_stops(tmp_path):
+def test_sigterm_saves_a_checkpoint_and_stops_within_the_grace(tmp_path):
+    """A preemption notice leaves ~30 s: checkpoint and exit, no held-out
+    evaluation (here 100,000 lines, minutes of work), and say how long it took."""
     files = write_grammar_corpus(tmp_path / "data")
+    held = tmp_path / "data" / "big_heldout.txt"
+    lines = open(files["heldout.txt"]).read().splitlines()
+    held.write_text("\n".join(lines[i % len(lines)] for i in range(100_000)) + "\n")
     work = tmp_path / "run"
-    proc = subprocess.Popen(_train_cmd(files, work, 100000, 10**6), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(_train_cmd(files, work, 100000, 10**6, "--eval_files", str(held)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, JAX_PLATFORMS="cpu"))
     _wait_for(lambda: os.path.exists(work / "metrics.jsonl") and len(metrics(work)) >= 3, proc)
+    t0 = time.time()
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
+    assert time.time() - t0 < 30, err[-3000:]
     assert proc.returncode == 0, err[-3000:]
-    assert "SIGTERM" in err and "checkpoint saved" in err
+    assert "SIGTERM" in err and "checkpoint saved" in err and "s after the signal" in err
     steps = [int(os.path.basename(p)) for p in glob.glob(str(work / "checkpoints" / "[0-9]*"))]
     assert steps and max(steps) >= 3 and max(steps) == json.loads(out.splitlines()[-1])["step"]
+    records = metrics(work)
+    assert not any("eval_ppl" in m for m in records)
+    stopped = [m for m in records if m.get("event") == "stopped"]
+    assert stopped and stopped[0]["signal"] == "SIGTERM" and stopped[0]["stop_seconds"] < 30
 
 
 def test_export_then_load_reproduces_embed_exactly(tmp_path):
@@ -217,6 +246,19 @@ def test_fine_tune_from_exported_weights(tmp_path):
     scratch = metrics(tmp_path / "pre")[0]  # step 1 from random weights
     assert scratch["step"] == 1
     assert ft["train_loss"] < scratch["train_loss"] - 0.5, (ft, scratch)
+    # a new vocabulary (a domain's): the fresh softmax starts as a
+    # pretraining softmax does, at the sampler's unigram law (one Adagrad step
+    # moves a bias by less than the learning rate, 0.2)
+    words = elmo_jax.vocab.Vocabulary.from_file(files["vocab.txt"]).words
+    new_vocab = elmo_jax.vocab.Vocabulary(words[:3] + ["domain"] + words[3:-2])
+    new_vocab.to_file(tmp_path / "new_vocab.txt")
+    run(tiny(max_steps=1), files["train.txt"], str(tmp_path / "new_vocab.txt"), tmp_path / "ft2",
+        init_from=str(tmp_path / "export" / "weights.hdf5"))
+    state = training.restore_latest(str(tmp_path / "ft2")).state
+    V = len(new_vocab)
+    k = np.arange(V, dtype=np.float64)
+    law = np.log((k + 2) / (k + 1)) / np.log(V + 1)
+    assert np.max(np.abs(np.asarray(state.params["softmax"]["b"])[:V] - np.log(law))) < 0.2
 
 
 def test_bad_inputs_fail_clearly(tmp_path):

@@ -26,6 +26,7 @@ from elmo_jax.options import ElmoOptions
 from elmo_jax.training.partitioning import (check_divisible, create_train_step,
                                             global_batch, lstm_state_sharding, make_mesh,
                                             process_part, train_mesh)
+from elmo_jax.training.pod import failures_stop_every_process
 from elmo_jax.training.steps import eval_step
 from elmo_jax.training.workdir import (MetricsLog, Pretrained, TrainingError, checkpoint_manager,
                                        load_pretrained, read_run, restore_checkpoint,
@@ -45,6 +46,10 @@ def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Voc
     streams (the text is read everywhere, so the streams are the ones a single
     process reads) and the sums are global: one perplexity, equal to a single
     process's."""
+    if mesh is None and jax.process_count() > 1:  # a local mesh would score a share only
+        raise ConfigError(f"evaluate() in a program of {jax.process_count()} processes needs "
+                          "the global mesh (mesh=, every process calling it), or run it in "
+                          "one process")
     mesh = mesh if mesh is not None else make_mesh(1, jax.local_devices()[:1])
     n_rows = mesh.size
     if config.eval_batch_size % n_rows:
@@ -127,6 +132,39 @@ def _batcher(config: Config, vocab: Vocabulary, mesh, source=None):
     return data_lib.Batcher(source, vocab, rows, *shape, n_groups=groups, widest_filter=widest)
 
 
+def _readable(pattern: str, what: str) -> None:
+    for path in data_lib.list_shards(pattern):
+        try:
+            open(path, "rb").close()
+        except OSError as e:
+            raise data_lib.DataError(f"{what} {path} cannot be read: {e.strerror}") from None
+
+
+def check_before_training(config: Config, vocab: Vocabulary, mesh, source=None) -> None:
+    """Everything a run could otherwise die of after it has trained, checked
+    before step 1 (a pod restarted on a bad setting would die at the same place
+    every time and lose the steps since its last checkpoint): the batch, the
+    evaluation batch and the softmax against the mesh, the model axis within a
+    host, the files present and readable, and the step limit."""
+    try:
+        check_divisible(config.model, len(vocab), mesh)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    tc = config.train
+    if config.data.eval_files:
+        _readable(config.data.eval_files, "held-out file")
+        if tc.eval_batch_size % mesh.size:
+            raise ConfigError(f"train.eval_batch_size {tc.eval_batch_size} must divide over the "
+                              f"{mesh.size} devices (evaluation would fail after training)")
+    if source is None and config.data.source == "text" and config.data.train_files:
+        _readable(config.data.train_files, "training file")
+    if jax.process_count() > 1 and mesh.shape["model"] > jax.local_device_count():
+        raise ConfigError(f"train.mesh_model {mesh.shape['model']} is more than the "
+                          f"{jax.local_device_count()} devices of one host: the softmax shards' "
+                          "exchanges would cross hosts every step; use a smaller mesh_model")
+    _max_steps(config)
+
+
 def _max_steps(config: Config) -> float:
     """train.max_steps, else bilm-tf's n_epochs over n_train_tokens, else no
     limit but train.max_seconds (which always applies when set)."""
@@ -148,7 +186,7 @@ def _stop_requests():
     stop, handlers = {"signal": None}, {}
 
     def request_stop(signum, frame):
-        stop["signal"] = signum
+        stop["signal"], stop["at"] = signum, time.time()
         signal.signal(signum, handlers[signum])
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -232,7 +270,14 @@ class _Progress:
 
 def train_and_evaluate(config: Config, workdir: str, progress: bool = True, source=None) -> dict:
     """Train (or resume) in `workdir`; returns the last metrics record.
-    `source` replaces the config's sentence source (tests, custom corpora)."""
+    `source` replaces the config's sentence source (tests, custom corpora).
+    In a run of several processes an error on any one ends every process
+    (`pod.failures_stop_every_process`)."""
+    with failures_stop_every_process():
+        return _train_and_evaluate(config, workdir, progress, source)
+
+
+def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) -> dict:
     if not config.data.vocab_file:
         raise ConfigError("no vocabulary: give --vocab_file (data.vocab_file)")
     vocab = Vocabulary.from_file(config.data.vocab_file)
@@ -241,7 +286,7 @@ def train_and_evaluate(config: Config, workdir: str, progress: bool = True, sour
     resume_step = mngr.latest_step()
     config, pretrained = _resolve_model(config, workdir, vocab, resume_step is not None)
     mesh = train_mesh(config.model, config.train, len(vocab))
-    check_divisible(config.model, len(vocab), mesh)
+    check_before_training(config, vocab, mesh, source)
     batcher = _batcher(config, vocab, mesh, source)
     built = create_train_step(config.model, config.train, len(vocab), mesh)
     if resume_step is not None:
@@ -271,6 +316,7 @@ def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, las
     last = {"step": step}
     t_start = time.time()
     window = _Window(t_start)
+    signalled = False
     bar = _Progress(step, max_steps, tc.max_seconds, progress)
     try:
         batch, position = global_batch(next(batcher), mesh), batcher.position()
@@ -291,6 +337,8 @@ def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, las
             timed_out = tc.max_seconds is not None and time.time() - t_start > tc.max_seconds
             # every process stops at the same step: the reasons are agreed first
             signalled, timed_out = _agree(bool(stop["signal"]), timed_out)
+            if signalled:  # another process's notice reaches this one now
+                stop.setdefault("at", time.time())
             stopping = signalled or timed_out
             if step % tc.log_every == 0 or step == max_steps or stopping:
                 last = window.record(step, metrics)
@@ -302,19 +350,25 @@ def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, las
             if step % tc.checkpoint_every == 0 or stopping:
                 save_checkpoint(mngr, state, state_position)
                 last_saved = step
-            if eval_files and tc.eval_every and step % tc.eval_every == 0:
+            # a preemption notice leaves seconds: after a signal, only the checkpoint
+            if eval_files and tc.eval_every and step % tc.eval_every == 0 and not signalled:
                 last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files,
                                                  mesh)}
                 log.write(last)
             if stopping:
                 why = ("time limit" if timed_out else signal.Signals(stop["signal"]).name
                        if stop["signal"] else "another process was signalled")
-                tqdm.write(f"stopped at step {step} ({why}); checkpoint saved. Run the same "
-                           "command again to resume.", file=sys.stderr)
+                took = (f" {time.time() - stop['at']:.1f} s after the signal, without "
+                        "evaluating" if signalled else "")
+                tqdm.write(f"stopped at step {step} ({why}){took}; checkpoint saved. Run the "
+                           "same command again to resume.", file=sys.stderr)
+                if signalled:
+                    log.write({"step": step, "event": "stopped", "signal": why,
+                               "stop_seconds": round(time.time() - stop["at"], 2)})
                 break
         if step == max_steps and last_saved != step:
             save_checkpoint(mngr, state, state_position)
-        if eval_files and not (tc.eval_every and step % tc.eval_every == 0):
+        if eval_files and not signalled and not (tc.eval_every and step % tc.eval_every == 0):
             last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files,
                                              mesh)}
             log.write(last)

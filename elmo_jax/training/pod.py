@@ -1,0 +1,87 @@
+"""One failure stops the whole run: in a run of several processes, an error
+on any one of them ends every process within seconds, each naming the cause.
+
+Without this, the others wait forever: in the next collective (the step's
+all-reduce, `global_batch`'s gather), and the failed process itself in
+`jax.distributed`'s shutdown barrier at exit, which waits for all. So a failing
+process stores its message in the coordination service's key-value store and
+leaves at once (`os._exit`, past that barrier); every process runs a watcher
+thread that reads the store each second and leaves, naming the failed process
+and its message, as soon as another's appears (or when the coordinator, process
+0, is gone). A process killed outright (out of memory) cannot tell the others:
+then jax.distributed's heartbeat timeout ends them.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+import threading
+import time
+import traceback
+
+import jax
+
+KEY = "elmo_jax/failed/"
+POLL_SECONDS = 1.0
+
+
+def _client():
+    from jax._src import distributed  # the coordination service's client (orbax uses it too)
+
+    return distributed.global_state.client
+
+
+def _leave(message: str, details: str = "") -> None:
+    sys.stderr.write(f"error: {message}\n{details}")
+    sys.stderr.flush()
+    os._exit(2)
+
+
+def _who() -> str:
+    return f"process {jax.process_index()} of {jax.process_count()}"
+
+
+def _watch(client, finished: threading.Event) -> None:
+    me = str(jax.process_index())
+    while not finished.wait(POLL_SECONDS):
+        try:
+            failed = [(k.rsplit("/", 1)[-1], v) for k, v in client.key_value_dir_get(KEY)]
+        except Exception as e:  # the store lives in process 0
+            if not finished.is_set():
+                _leave(f"{_who()} stopped: lost the coordinator (process 0): {e}")
+            return
+        for who, message in failed:
+            if who != me:
+                _leave(f"{_who()} stopped because process {who} failed: {message}")
+
+
+@contextlib.contextmanager
+def failures_stop_every_process():
+    """Around a multi-process run (nothing happens in a single process): watch
+    for the others' failures; on an exception here, tell them and leave with
+    status 2, the message first."""
+    if jax.process_count() == 1:
+        yield
+        return
+    client, finished = _client(), threading.Event()
+    atexit.register(finished.set)  # before jax.distributed's own shutdown (atexit is LIFO)
+    threading.Thread(target=_watch, args=(client, finished), daemon=True,
+                     name="elmo-jax-failure-watch").start()
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        message = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
+        try:
+            client.key_value_set(f"{KEY}{jax.process_index()}", message)
+        except Exception:
+            pass
+        if jax.process_index() == 0:  # keep the store up until the others have read it
+            time.sleep(3 * POLL_SECONDS)
+        finished.set()
+        _leave(f"{_who()}: {message}", traceback.format_exc())
+    finally:
+        finished.set()
