@@ -133,6 +133,20 @@ def test_a_bad_shard_on_one_process_stops_both_naming_the_file(tmp_path):
     assert "because process 1 failed" in outs[0][1]
 
 
+def test_two_processes_with_different_workdirs_stop_with_a_clear_error(tmp_path):
+    """A workdir that is not shared: one process would restore and another start
+    afresh, and the first save would wait forever. Both stop before training."""
+    pattern = _sharded_corpus(tmp_path)
+    procs = _start_two_hosts(pattern, str(tmp_path / "host0"), 4,
+                             extra=((), ("--workdir", str(tmp_path / "host1"))))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode != 0, err[-3000:]
+        first = next(line for line in err.splitlines() if line.startswith("error:"))
+        assert "process(es) 1 do not see the workdir" in first, err[-3000:]
+    assert not os.path.exists(tmp_path / "host0" / "checkpoints" / "1")
+
+
 def test_evaluation_and_init_from_over_two_processes(tmp_path):
     """Each process scores its share of the held-out streams; the perplexity is
     the single-process one. --init_from WORKDIR restores on each process's own

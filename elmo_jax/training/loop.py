@@ -26,7 +26,7 @@ from elmo_jax.options import ElmoOptions
 from elmo_jax.training.partitioning import (check_divisible, create_train_step,
                                             global_batch, lstm_state_sharding, make_mesh,
                                             process_part, train_mesh)
-from elmo_jax.training.pod import failures_stop_every_process
+from elmo_jax.training.pod import agree_on_the_workdir, failures_stop_every_process
 from elmo_jax.training.steps import eval_step
 from elmo_jax.training.workdir import (MetricsLog, Pretrained, TrainingError, checkpoint_manager,
                                        load_pretrained, read_run, restore_checkpoint,
@@ -284,6 +284,7 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
     os.makedirs(workdir, exist_ok=True)
     mngr = checkpoint_manager(workdir, config.train.max_to_keep)
     resume_step = mngr.latest_step()
+    agree_on_the_workdir(workdir, resume_step)
     config, pretrained = _resolve_model(config, workdir, vocab, resume_step is not None)
     mesh = train_mesh(config.model, config.train, len(vocab))
     check_before_training(config, vocab, mesh, source)

@@ -1,7 +1,8 @@
-"""One failure stops the whole run: in a run of several processes, an error
-on any one of them ends every process within seconds, each naming the cause.
+"""What holds a run of several processes together: one failure stops them
+all, and they share one workdir and resume from one step.
 
-Without this, the others wait forever: in the next collective (the step's
+An error on any one process ends every process within seconds, each naming
+the cause (`failures_stop_every_process`); without this, the others wait forever: in the next collective (the step's
 all-reduce, `global_batch`'s gather), and the failed process itself in
 `jax.distributed`'s shutdown barrier at exit, which waits for all. So a failing
 process stores its message in the coordination service's key-value store and
@@ -9,7 +10,9 @@ leaves at once (`os._exit`, past that barrier); every process runs a watcher
 thread that reads the store each second and leaves, naming the failed process
 and its message, as soon as another's appears (or when the coordinator, process
 0, is gone). A process killed outright (out of memory) cannot tell the others:
-then jax.distributed's heartbeat timeout ends them.
+then jax.distributed's heartbeat timeout ends them. Before training, the
+processes check that they share the workdir and its newest checkpoint
+(`agree_on_the_workdir`).
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ import time
 import traceback
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 KEY = "elmo_jax/failed/"
 POLL_SECONDS = 1.0
@@ -85,3 +90,38 @@ def failures_stop_every_process():
         _leave(f"{_who()}: {message}", traceback.format_exc())
     finally:
         finished.set()
+
+
+def agree_on_the_workdir(workdir: str, resume_step: int | None) -> None:
+    """Every process must see one workdir (process 0 writes a token there that
+    all must read back) and the same newest checkpoint; otherwise one process
+    would restore and another start afresh. A clear error on every process, not a
+    hang in the first checkpoint's save."""
+    if jax.process_count() == 1:
+        return
+    from elmo_jax.training.workdir import TrainingError
+
+    token = int(multihost_utils.broadcast_one_to_all(
+        np.array(np.random.default_rng().integers(1, 2**31), np.int32)))
+    path = os.path.join(workdir, ".shared_by_every_process")
+    if jax.process_index() == 0:
+        with open(path, "w") as fh:
+            fh.write(str(token))
+    multihost_utils.sync_global_devices("elmo_jax: workdir token written")
+    try:
+        with open(path) as fh:
+            seen = int(fh.read().strip() or 0) == token
+    except (OSError, ValueError):
+        seen = False
+    step = -1 if resume_step is None else resume_step
+    every = multihost_utils.process_allgather(np.array([int(seen), step], np.int64)).reshape(-1, 2)
+    blind = [i for i, (ok, _) in enumerate(every) if not ok]
+    if blind:
+        raise TrainingError(f"process(es) {', '.join(map(str, blind))} do not see the workdir "
+                            f"{workdir} that process 0 writes: a run of several processes needs "
+                            "one workdir shared by every host (a network or bucket path)")
+    steps = sorted({int(s) for _, s in every})
+    if len(steps) > 1:
+        raise TrainingError(f"the processes see different newest checkpoints in {workdir} "
+                            f"(steps {', '.join('none' if s < 0 else str(s) for s in steps)}): "
+                            "wait for the shared folder to settle, or remove the partial step")
