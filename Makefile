@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # give themselves (elmo_jax/cli/huge_pages.py)
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: test demo results venv clean
+.PHONY: test check demo results venv clean
 
 venv: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): requirements.txt pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# the quick tier for the edit-test loop: the unit tests, no end-to-end runs
+check: $(STAMP)
+	$(PY) -m pytest -q -m "not e2e" tests
 
 demo: $(STAMP)
 	$(PY) demo.py

@@ -16,7 +16,7 @@ WEIGHTS = os.path.join(FIXTURES, "lm_weights.hdf5")
 LINES = ["The bank of the river .", "", "I play the piano every day .", "Naïve café 日本語 " + "x" * 60]
 
 
-def run_embed(tmp_path, *extra, lines=LINES, expect_ok=True):
+def run_embed(tmp_path, *extra, lines=LINES, expect_ok=True, env=None):
     inp = tmp_path / "in.txt"
     if isinstance(lines, bytes):
         inp.write_bytes(lines)
@@ -25,7 +25,8 @@ def run_embed(tmp_path, *extra, lines=LINES, expect_ok=True):
     out = tmp_path / "out.hdf5"
     r = subprocess.run([sys.executable, os.path.join(REPO, "embed.py"), "--input", str(inp),
                         "--output", str(out), "--no_progress", *extra],
-                       capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+                       capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu", **(env or {})))
     if expect_ok:
         assert r.returncode == 0, r.stderr[-3000:]
     return out, r
@@ -89,6 +90,21 @@ def test_tokenize_raw_text(tmp_path):
                        lines=["Hello, world. It's fine."])
     with h5py.File(out) as fh:
         assert fh["0"].shape[1] == 8  # Hello , world . It 's fine .
+
+
+def test_tokenize_without_sacremoses_says_what_to_install(tmp_path):
+    """sacremoses is an optional dependency (the `corpora` extra): without it,
+    --tokenize is a one-line error naming the package, not a traceback."""
+    hidden = tmp_path / "hide" / "sacremoses"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError(\"No module named 'sacremoses'\")\n")
+    _, r = run_embed(tmp_path, "--options", OPTIONS, "--weights", WEIGHTS, "--tokenize",
+                     lines=["Hello, world."], expect_ok=False,
+                     env={"PYTHONPATH": str(tmp_path / "hide")})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1] == ("error: tokenising needs sacremoses: "
+                                                 "pip install sacremoses (or elmo-jax[corpora])")
+    assert not (tmp_path / "out.hdf5").exists()
 
 
 def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path):

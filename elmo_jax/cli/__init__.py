@@ -8,6 +8,7 @@ import sys
 
 from elmo_jax.config import ConfigError
 from elmo_jax.data import DataError
+from elmo_jax.datasets.common import RecipeError
 from elmo_jax.options import OptionsError
 from elmo_jax.vocab import VocabError
 from elmo_jax.weights import WeightsError
@@ -22,8 +23,8 @@ def run_cli(main) -> None:
     reexec_with_huge_pages()
     try:
         sys.exit(main())
-    except (ConfigError, DataError, OptionsError, VocabError, WeightsError, TrainingError,
-            FileNotFoundError, UnicodeError) as e:
+    except (ConfigError, DataError, OptionsError, RecipeError, VocabError, WeightsError,
+            TrainingError, FileNotFoundError, UnicodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

@@ -132,7 +132,8 @@ class Tokenizer:
         try:
             from sacremoses import MosesTokenizer
         except ImportError:
-            raise RecipeError("tokenising needs sacremoses: pip install sacremoses") from None
+            raise RecipeError("tokenising needs sacremoses: pip install sacremoses "
+                              "(or elmo-jax[corpora])") from None
         self._moses = MosesTokenizer(lang="en")
 
     def words(self, text: str) -> list[str]:
