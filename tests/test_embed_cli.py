@@ -11,6 +11,8 @@ import pytest
 import elmo_jax
 from conftest import FIXTURES, REPO
 
+pytestmark = pytest.mark.e2e  # runs the command in subprocesses
+
 OPTIONS = os.path.join(FIXTURES, "options.json")
 WEIGHTS = os.path.join(FIXTURES, "lm_weights.hdf5")
 LINES = ["The bank of the river .", "", "I play the piano every day .", "Naïve café 日本語 " + "x" * 60]

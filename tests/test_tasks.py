@@ -10,6 +10,8 @@ import elmo_jax
 from conftest import FIXTURES, grammar_sentences
 from elmo_jax.tasks import pos, wsd
 
+pytestmark = pytest.mark.e2e  # trains taggers
+
 TAGS = {"the": "DET", "in": "ADP", ".": "."}
 ADJ = {"big", "small", "old", "young", "happy"}
 VERBS = {"sees", "see", "likes", "like", "chases", "chase", "helps", "help"}
