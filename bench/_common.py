@@ -26,6 +26,15 @@ PEERS_HOME = os.environ.get("ELMO_PEERS_HOME") or os.path.join(
     "elmo-peers")
 
 
+def bilm_tf_venv() -> str:
+    return os.environ.get("PEERS_TF_VENV") or os.path.join(PEERS_HOME, "bilm-tf-venv")
+
+
+def bilm_tf_data_dir() -> str:
+    """The bilm-tf peer's KJV corpus (train.txt, vocab_full.txt)."""
+    return os.environ.get("BILM_TF_DATA_DIR") or os.path.join(PEERS_HOME, "bilm-tf-data")
+
+
 def load_config(name: str):
     """configs/NAME.json (or a path): the one definition of a benchmarked model."""
     sys.path.insert(0, REPO)

@@ -40,8 +40,7 @@ def prepare_text(out_dir: str) -> dict:
     """train.txt, heldout.txt and vocab.txt from the peer's corpus (idempotent)."""
     from elmo_jax.vocab import build_vocab, count_tokens
 
-    src = os.path.join(os.environ.get("BILM_TF_DATA_DIR")
-                       or os.path.join(_common.PEERS_HOME, "bilm-tf-data"), "train.txt")
+    src = os.path.join(_common.bilm_tf_data_dir(), "train.txt")
     if not os.path.exists(src):
         sys.exit(f"error: the bilm-tf peer's corpus is missing ({src}); run "
                  f"bash {_common.peer_dir('bilm_tf')}/setup.sh")
@@ -56,13 +55,12 @@ def prepare_text(out_dir: str) -> dict:
             with open(paths[key], "w", encoding="utf-8") as fh:
                 fh.write("\n".join(part) + "\n")
         vocab = build_vocab(count_tokens(s.split() for s in train), VOCAB_SIZE)
-        with open(paths["vocab"], "w", encoding="utf-8") as fh:
-            fh.write("\n".join(vocab.words) + "\n")
+        vocab.to_file(paths["vocab"])
     return paths
 
 
 def run_bilm_tf(config_name: str, paths: dict, seed: int, steps: list[int]) -> dict:
-    venv = os.environ.get("PEERS_TF_VENV") or os.path.join(_common.PEERS_HOME, "bilm-tf-venv")
+    venv = _common.bilm_tf_venv()
     _common.ensure_setup("bilm_tf", venv)
     config = _common.load_config(config_name)
     with tempfile.TemporaryDirectory(prefix="learn_bilm_tf_") as work:

@@ -39,13 +39,12 @@ def default_steps(options) -> tuple[int, int]:
 
 
 def data_paths():
-    d = os.environ.get("BILM_TF_DATA_DIR") or os.path.join(_common.PEERS_HOME, "bilm-tf-data")
+    d = _common.bilm_tf_data_dir()
     return os.path.join(d, "train.txt"), os.path.join(d, "vocab_full.txt")
 
 
 def ensure_peer():
-    venv = os.environ.get("PEERS_TF_VENV") or os.path.join(_common.PEERS_HOME, "bilm-tf-venv")
-    _common.ensure_setup("bilm_tf", venv)
+    _common.ensure_setup("bilm_tf", _common.bilm_tf_venv())
     corpus, vocab = data_paths()
     if not os.path.exists(corpus):
         sys.exit(f"error: the peer's corpus is missing ({corpus}); run "

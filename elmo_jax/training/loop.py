@@ -36,6 +36,12 @@ from elmo_jax.vocab import Vocabulary
 _eval_step_jit = jax.jit(eval_step, static_argnames=("options", "config", "mesh"))
 
 
+def _check_eval_batch(config: TrainConfig, n_devices: int) -> None:
+    if config.eval_batch_size % n_devices:
+        raise ConfigError(f"train.eval_batch_size {config.eval_batch_size} must divide over "
+                          f"the {n_devices} devices")
+
+
 def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Vocabulary,
              eval_files: str, mesh=None) -> dict:
     """Perplexity over held-out files, read once in order by `eval_batch_size`
@@ -52,9 +58,7 @@ def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Voc
                           "one process")
     mesh = mesh if mesh is not None else make_mesh(1, jax.local_devices()[:1])
     n_rows = mesh.size
-    if config.eval_batch_size % n_rows:
-        raise ConfigError(f"train.eval_batch_size {config.eval_batch_size} must divide over "
-                          f"the {n_rows} devices")
+    _check_eval_batch(config, n_rows)
     batcher = data_lib.Batcher(data_lib.OnceSource(eval_files), vocab, config.eval_batch_size,
                                config.eval_unroll_steps,
                                options.char_cnn.max_characters_per_token, n_groups=n_rows,
@@ -153,9 +157,7 @@ def check_before_training(config: Config, vocab: Vocabulary, mesh, source=None) 
     tc = config.train
     if config.data.eval_files:
         _readable(config.data.eval_files, "held-out file")
-        if tc.eval_batch_size % mesh.size:
-            raise ConfigError(f"train.eval_batch_size {tc.eval_batch_size} must divide over the "
-                              f"{mesh.size} devices (evaluation would fail after training)")
+        _check_eval_batch(tc, mesh.size)
     if source is None and config.data.source == "text" and config.data.train_files:
         _readable(config.data.train_files, "training file")
     if jax.process_count() > 1 and mesh.shape["model"] > jax.local_device_count():
