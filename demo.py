@@ -23,7 +23,6 @@ import os
 import shutil
 import time
 
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -221,7 +220,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from elmo_jax.cli.huge_pages import reexec_with_huge_pages
+    from elmo_jax.huge_pages import reexec_with_huge_pages
 
     reexec_with_huge_pages()
     main()

@@ -83,7 +83,7 @@ def main():
 
     from elmo_jax import datasets, training
     from elmo_jax.export import load_export
-    from elmo_jax.embedding import Elmo
+    from elmo_jax.elmo import Elmo
     from elmo_jax.tasks import pos, wsd
 
     w = args.workdir
@@ -204,4 +204,7 @@ def write_tables(out: dict, path: str) -> None:
 
 
 if __name__ == "__main__":
+    from elmo_jax.huge_pages import reexec_with_huge_pages  # before JAX loads
+
+    reexec_with_huge_pages()
     main()

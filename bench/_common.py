@@ -37,21 +37,9 @@ def bilm_tf_data_dir() -> str:
 
 def load_config(name: str):
     """configs/NAME.json (or a path): the one definition of a benchmarked model."""
-    sys.path.insert(0, REPO)
     from elmo_jax.config import load_config as load
 
     return load(name)
-
-
-def bench_module(name: str):
-    """bench/NAME.py as a module (by path: the checkout's root also has an embed.py)."""
-    import importlib.util
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(here, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def peer_dir(name: str) -> str:
@@ -73,7 +61,7 @@ def run_child(cmd: list[str], env: dict | None = None, timeout: float = 3600) ->
     peak resident memory (MiB) and wall time added."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.time()
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=REPO)
         _, status, usage = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
         wall = time.time() - t0
@@ -118,12 +106,10 @@ def spread(xs: list[float]) -> str:
 
 def run_as_the_commands() -> None:
     """Give this elmo-jax process what the commands give theirs: huge pages for
-    XLA's buffers (elmo_jax/cli/huge_pages.py; it executes the process again,
+    XLA's buffers (elmo_jax/huge_pages.py; it executes the process again,
     once). Only in elmo-jax's own processes: never in a parent that starts the
     peers, which run as installed and would inherit the setting."""
-    if REPO not in sys.path:  # after bench/, whose train.py and embed.py shadow the top level's
-        sys.path.append(REPO)
-    from elmo_jax.cli.huge_pages import reexec_with_huge_pages
+    from elmo_jax.huge_pages import reexec_with_huge_pages
 
     reexec_with_huge_pages()
 
@@ -135,7 +121,6 @@ def machine() -> dict:
 
 def forward_flops_per_token(options) -> dict:
     """The model's FLOP count (elmo_jax.training.plan), for the benches' GFLOP/s."""
-    sys.path.insert(0, REPO)
     from elmo_jax.training.plan import forward_flops_per_token as count
 
     return count(options)
@@ -184,30 +169,36 @@ def finish(summary: dict, runs: dict, peer: str, json_out: str | None) -> int:
 
 # --- the walls: what the machine can do, measured in the same run -------------------------
 
-def _median_seconds(f, x, reps: int) -> float:
-    """Median wall time of f(x) after one call that compiles it."""
+def call_times(f, *args, n: int = 3, min_seconds: float = 0.0, warmup: bool = True
+               ) -> list[float]:
+    """Wall times of calls f(*args), each waited for (`jax.block_until_ready`):
+    n calls, or more until they add up to `min_seconds`, after one call that
+    compiles it (unless `warmup=False`). The benches' one timer."""
     import jax
 
-    jax.block_until_ready(f(x))
-    t = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(x))
-        t.append(time.perf_counter() - t0)
-    return statistics.median(t)
-
-
-def best_seconds(f, *args, n: int = 3) -> float:
-    """Best wall time of f(*args) over n calls, after one that compiles it."""
-    import jax
-
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(n):
+    if warmup:
+        jax.block_until_ready(f(*args))
+    times: list[float] = []
+    while len(times) < n or sum(times) < min_seconds:
         t0 = time.perf_counter()
         jax.block_until_ready(f(*args))
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return times
+
+
+class CompileCount:
+    """How many times XLA has compiled a program in this process (JAX's public
+    monitoring events), to leave the steps that compiled out of a median."""
+
+    def __init__(self):
+        import jax
+
+        self.n = 0
+        jax.monitoring.register_event_duration_secs_listener(self._event)
+
+    def _event(self, event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.n += 1
 
 
 def matmul_peak_gflops(dtype: str = "float32", n: int = 2048, reps: int = 10) -> float:
@@ -218,7 +209,7 @@ def matmul_peak_gflops(dtype: str = "float32", n: int = 2048, reps: int = 10) ->
 
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n)).astype(dtype)
     f = jax.jit(lambda a: jnp.dot(a, a, preferred_element_type=jnp.float32))
-    return 2 * n ** 3 / _median_seconds(f, a, reps) / 1e9
+    return 2 * n ** 3 / statistics.median(call_times(f, a, n=reps)) / 1e9
 
 
 def memory_bandwidth_gbs(mib: int = 512, reps: int = 7) -> float:
@@ -228,7 +219,7 @@ def memory_bandwidth_gbs(mib: int = 512, reps: int = 7) -> float:
     import jax.numpy as jnp
 
     x = jnp.ones((mib * 2 ** 20 // 4,), jnp.float32)
-    return x.nbytes / _median_seconds(jax.jit(jnp.sum), x, reps) / 1e9
+    return x.nbytes / statistics.median(call_times(jax.jit(jnp.sum), x, n=reps)) / 1e9
 
 
 def lstm_stream_bytes(options, rows: int, timesteps: int, weight_bytes: int, train: bool,

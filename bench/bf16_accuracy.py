@@ -1,7 +1,7 @@
 """What bf16 matmuls cost in accuracy: every layer of the biLM in bf16 (f32
 accumulation, f32 cell state) against f32, on the bilm-tf fixture's sentences.
 
-    python bench/bf16_accuracy.py [--config original ...]
+    python -m bench.bf16_accuracy [--config original ...]
 
 The fixture model (tests/fixtures/bilm-tf) always; each `--config` adds the
 random-weight model the embed benchmark uses for it (made by the AllenNLP
@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from bench import _common
+from bench import embed as bench_embed
 
 FIXTURE = os.path.join(_common.REPO, "tests", "fixtures", "bilm-tf")
 
@@ -53,7 +53,7 @@ def main(argv=None):
     models = {"bilm-tf fixture": (os.path.join(FIXTURE, "options.json"),
                                   os.path.join(FIXTURE, "lm_weights.hdf5"))}
     for name in args.config:
-        models[name] = _common.bench_module("embed").weights_for(name)
+        models[name] = bench_embed.weights_for(name)
     result = {"benchmark": "bf16_accuracy", **_common.machine(), "models": {}}
     for name, (o, w) in models.items():
         errs = layer_errors(o, w, sentences)

@@ -1,7 +1,7 @@
 """Embedding speed, side by side: elmo-jax `embed` against AllenNLP's ELMo.
 
-    python bench/embed.py --config allennlp-small [--repeats 3]
-    python bench/embed.py --config original --repeats 3
+    python -m bench.embed --config allennlp-small [--repeats 3]
+    python -m bench.embed --config original --repeats 3
 
 `--config` names a file in configs/ (allennlp-tiny and allennlp-small are the
 AllenNLP harness's presets). Same weights (random, in the original hdf5 layout,
@@ -22,8 +22,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from bench import _common
 
 
 def allennlp_paths():
@@ -58,7 +57,7 @@ def run_allennlp(config: str) -> dict:
 
 
 def run_elmo_jax(config: str, dtype: str) -> dict:
-    return _common.run_child([sys.executable, os.path.abspath(__file__), "--worker",
+    return _common.run_child([sys.executable, "-m", __spec__.name, "--worker",
                               "--config", config, "--dtype", dtype],
                              env=dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS",
                                                                                "cpu")))

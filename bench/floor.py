@@ -2,10 +2,10 @@
 one training step or one embed pass runs, each timed by XLA on its own shape,
 in the layout and dtype the model uses, and summed.
 
-    python bench/floor.py --config bilm-tf-small
-    python bench/floor.py --config original --dtype bfloat16
-    python bench/floor.py --embed allennlp-small
-    python bench/floor.py --embed original --dtype bfloat16
+    python -m bench.floor --config bilm-tf-small
+    python -m bench.floor --config original --dtype bfloat16
+    python -m bench.floor --embed allennlp-small
+    python -m bench.floor --embed original --dtype bfloat16
 
 The per-step recurrent products are timed inside a `lax.scan` over the
 window's steps (as the model runs them, so the loop's own cost is in), the
@@ -19,12 +19,9 @@ would need faster matrix kernels than XLA's for these shapes.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from bench import _common
 
 # the token encoder's rows in a training step: the distinct-token table as
 # bench/profile.py measures it on the bench data; and its characters per token
@@ -100,8 +97,7 @@ def encoder_products(options, n_tokens, train: bool, C: int):
     import jax
     import jax.numpy as jnp
 
-    sys.path.insert(0, _common.REPO)
-    from elmo_jax.model import char_conv_max
+    from elmo_jax.kernels import char_conv_max
 
     c, P = options.char_cnn, options.lstm.projection_dim
     E, F = c.embedding_dim, c.n_filters
@@ -152,7 +148,7 @@ def softmax_products(options, rows):
 def measure(items, repeats):
     rows, total = [], 0.0
     for name, count, f, args in items:
-        s = _common.best_seconds(f, *args, n=repeats)
+        s = min(_common.call_times(f, *args, n=repeats))
         total += count * s
         rows.append({"product": name, "count": count, "ms_each": round(1e3 * s, 2)})
         print(f"{name:60s} {count:3d} x {1e3 * s:9.2f} ms")
@@ -177,12 +173,11 @@ def embed_floor(config_name, dtype, repeats):
 
     import numpy as np
 
-    sys.path.insert(0, _common.REPO)
     from elmo_jax.chars import token_to_char_ids, trim_padding
-    from elmo_jax.embedding import bucket
+    from elmo_jax.shapes import bucket, round_up
     from elmo_jax.model import packed_segments
 
-    bench_embed = _common.bench_module("embed")  # bench/embed.py, not the checkout's embed.py
+    from bench import embed as bench_embed
     sys.path.insert(0, bench_embed.allennlp_paths()[0])
     import bench_embed as be  # the peer's sentences
 
@@ -191,7 +186,7 @@ def embed_floor(config_name, dtype, repeats):
     items, schedules = [], []
     for batch in batches:  # Elmo._embed_batch's schedule: rows padded to 8, with <S>, </S>
         lengths = sorted((len(s) + 2 for s in batch), reverse=True)
-        lengths += [2] * (-(-len(lengths) // 8) * 8 - len(lengths))
+        lengths += [2] * (round_up(len(lengths), 8) - len(lengths))
         schedules.append(packed_segments(lengths))
         items += segment_products(options, schedules[-1], jnp.dtype(dtype))
         # each batch's distinct tokens, padded to a power of two and cut to the

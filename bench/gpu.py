@@ -2,7 +2,7 @@
 in float32 and bfloat16, on whatever accelerator JAX finds. Installs nothing;
 prints one line per measurement and a final JSON line.
 
-    python bench/gpu.py [--train-batch 512] [--embed-batch 1024] [--seconds 20]
+    python -m bench.gpu [--train-batch 512] [--embed-batch 1024] [--seconds 20]
 
 Reported per run: tokens/s (median step), achieved TFLOP/s of useful work
 (forward: token encoder + LSTMs; training: 3x the forward plus the sampled
@@ -15,34 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import _common  # noqa: E402
-
-
-def _timed(fn, seconds: float, min_reps: int = 3):
-    out = fn()  # compile + warm up
-    _block(out)
-    t0 = time.perf_counter()
-    fn_out = fn()
-    _block(fn_out)
-    first = time.perf_counter() - t0
-    times = [first]
-    while sum(times) < seconds or len(times) < min_reps:
-        t0 = time.perf_counter()
-        _block(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _block(x):
-    import jax
-    jax.block_until_ready(x)
+from bench import _common
 
 
 def peak_memory_gib() -> float | None:
@@ -81,7 +56,7 @@ def bench_train(config, batch, dtype, seconds, vocab_size):
         holder["state"], m = step(holder["state"], data)
         return m["loss"]
 
-    med = _timed(one, seconds)
+    med = statistics.median(_common.call_times(one, n=3, min_seconds=seconds))
     tokens = batch * U
     f = _common.forward_flops_per_token(options)
     softmax = 2 * 2 * (options.n_negative_samples_batch + 1) * options.lstm.projection_dim
@@ -112,7 +87,7 @@ def bench_embed(options, params, batch, dtype, seconds, length=27):
         out = embed_token_vectors(params, vecs[index], mask, options, dtype=dt)
         return out.layers
 
-    med = _timed(one, seconds)
+    med = statistics.median(_common.call_times(one, n=3, min_seconds=seconds))
     f = _common.forward_flops_per_token(options)
     tokens = batch * length
     flops = (tokens + 2 * batch) * f["lstm"] + n_distinct * f["token_encoder"]

@@ -2,7 +2,7 @@
 turns from text into training batches (reading, shuffling, windows, token
 tables and character ids), against what one host must feed by the plan.
 
-    python bench/host_input.py [--config original] [--seconds 20]
+    python -m bench.host_input [--config original] [--seconds 20]
 
 Corpus: the bilm-tf peer's KJV Bible when it is set up, else a synthetic one
 (Zipfian words over a 100,000-word vocabulary, so that token tables and the
@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from bench import _common
 
 
 def synthetic_corpus(path: str, sentences: int = 200_000, vocab: int = 100_000) -> None:

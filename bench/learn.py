@@ -2,8 +2,8 @@
 direction, bilm-tf's own `train()`/`test()` against elmo-jax's trainer on the
 same text, vocabulary, model and number of steps.
 
-    python bench/learn.py --seeds 0 1 2 --steps 300 1000 3000 --json-out bench/results/learn.json
-    python bench/learn.py --systems elmo-jax --seeds 0 1 2 --steps 300 \
+    python -m bench.learn --seeds 0 1 2 --steps 300 1000 3000 --json-out bench/results/learn.json
+    python -m bench.learn --systems elmo-jax --seeds 0 1 2 --steps 300 \
         --set train.softmax_init=bilm-tf --label "elmo-jax, bilm-tf's start"
 
 Text: the bilm-tf peer's KJV Bible (31,102 verses), every 50th verse held out;
@@ -25,12 +25,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from bench import _common
 
 HELD_OUT_EVERY = 50
 VOCAB_SIZE = 10000
@@ -78,7 +76,7 @@ def run_bilm_tf(config_name: str, paths: dict, seed: int, steps: list[int]) -> d
 
 def run_elmo_jax(config_name: str, paths: dict, seed: int, steps: list[int],
                  overrides: list[str]) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--config", config_name,
+    cmd = [sys.executable, "-m", __spec__.name, "--worker", "--config", config_name,
            "--seeds", str(seed), "--steps", *map(str, steps), "--data_dir",
            os.path.dirname(paths["train"])]
     for o in overrides:
@@ -160,7 +158,6 @@ def main() -> int:
         with open(args.json_out) as fh:
             kept = json.load(fh)["runs"]
     if not args.table:
-        sys.path.insert(0, _common.REPO)
         paths = prepare_text(args.data_dir)
         for seed in args.seeds:
             for system in args.systems:

@@ -2,7 +2,7 @@
 vocabulary (793,471 words), from `train.py plan` (the train step compiled ahead
 of time for simulated CPU meshes; nothing runs).
 
-    python bench/plan.py [--devices 1,8,64] [--json-out bench/results/plan_original.json]
+    python -m bench.plan [--devices 1,8,64] [--json-out bench/results/plan_original.json]
 
 Meshes: 1 device; 8 devices as data=1 x model=8; 64 as data=8 x model=8 (the
 softmax split over 8, as `train.mesh_model: 0` chooses for this vocabulary).
@@ -17,8 +17,7 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from bench import _common
 
 VOCAB = 793471
 MESHES = {1: (1, 1), 8: (1, 8), 64: (8, 8)}

@@ -2,9 +2,9 @@
 separately (best of a few runs, after compilation), and XLA's matmul speed on
 the shapes that matter next to numpy's BLAS on the same machine.
 
-    python bench/profile.py --config bilm-tf-small
-    python bench/profile.py --config original --embed original
-    python bench/profile.py --config original --dtype bfloat16
+    python -m bench.profile --config bilm-tf-small
+    python -m bench.profile --config original --embed original
+    python -m bench.profile --config original --dtype bfloat16
 
 `--config` (a configs/ name) is profiled as bench/train.py trains it, on the
 same data; `--embed NAME` adds embed's breakdown as bench/embed.py runs it;
@@ -14,22 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from bench import _common
 
 
 def best_ms(f, *args, n=3):
-    return round(1e3 * _common.best_seconds(f, *args, n=n), 1)
+    return round(1e3 * min(_common.call_times(f, *args, n=n)), 1)
 
 
 def matmuls(shapes):
     """GFLOP/s of XLA and numpy on [M,K]x[K,N] (M the batch rows): XLA with the
     weights as stored, transposed, and feature-major ([N,K] weights times the
-    rows as [K,M] columns, the layout of model.lstm_cell)."""
+    rows as [K,M] columns, the layout of kernels.lstm_cell)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -44,7 +41,7 @@ def matmuls(shapes):
         kn = jax.jit(lambda a, b: a @ b)
         nk = jax.jit(lambda a, bt: jnp.einsum("mk,nk->mn", a, bt))
         feature_major = jax.jit(lambda bt, at: jnp.einsum("nk,km->nm", bt, at))
-        t_np = min(_wall(lambda: a @ b) for _ in range(20))
+        t_np = min(_common.call_times(lambda: a @ b, n=20, warmup=False))
         out[f"{M}x{K}x{N}"] = {"xla_gflops": _gflops(fl, kn, ja, jb),
                                "xla_transposed_gflops": _gflops(fl, nk, ja, jbt),
                                "xla_feature_major_gflops": _gflops(fl, feature_major, jbt, jat),
@@ -55,28 +52,22 @@ def matmuls(shapes):
 def _gflops(gflop, f, *args):
     """GFLOP/s of f(*args), best of 20 (unrounded times: the small products
     take well under 0.1 ms)."""
-    return round(gflop / _common.best_seconds(f, *args, n=20))
-
-
-def _wall(f):
-    t0 = time.perf_counter()
-    f()
-    return time.perf_counter() - t0
+    return round(gflop / min(_common.call_times(f, *args, n=20)))
 
 
 def train_breakdown(name: str, dtype: str = "float32") -> dict:
     import jax
     import jax.numpy as jnp
 
-    import train as bench_train
+    from bench import train as bench_train
     from elmo_jax.model import BiLM
     from elmo_jax.softmax import sampled_softmax
     from elmo_jax.training.steps import make_optimizer
 
-    config, vocab, built, state, batcher, mesh = bench_train.setup(name, dtype)
+    config, vocab, built, state, feed = bench_train.setup(name, dtype)
     options = config.model
     B, U, P = options.batch_size, options.unroll_steps, options.lstm.projection_dim
-    batch = {k: jnp.asarray(v) for k, v in next(batcher).items()}
+    batch, _, _ = feed.next()
     model = BiLM(options, dtype=jnp.dtype(dtype))
     bilm = state.params["bilm"]
     x = 0.1 * jnp.ones((2, B, U, P))
@@ -128,8 +119,9 @@ def embed_breakdown(config: str) -> dict:
     from elmo_jax.chars import token_to_char_ids, trim_padding
     from elmo_jax.embedding import embed_token_vectors, encode_tokens
     from elmo_jax.model import packed_segments
+    from elmo_jax.shapes import round_up
 
-    bench_embed = _common.bench_module("embed")
+    from bench import embed as bench_embed
     sys.path.insert(0, bench_embed.allennlp_paths()[0])
     import bench_embed as be
 
@@ -138,12 +130,12 @@ def embed_breakdown(config: str) -> dict:
     params = jax.device_put(load_weights(weights_file, options))
     sentences = sorted(be.load_bench_sentences(), key=len, reverse=True)
     distinct = list(dict.fromkeys(w for s in sentences for w in s))
-    ids = np.zeros((-(-len(distinct) // 16) * 16, options.char_cnn.max_characters_per_token),
+    ids = np.zeros((round_up(len(distinct), 16), options.char_cnn.max_characters_per_token),
                    np.int32)
     for i, w in enumerate(distinct):
         ids[i] = token_to_char_ids(w)
     ids = trim_padding(ids, options.char_cnn.widest_filter)  # as Elmo._encode
-    T = -(-(len(sentences[0]) + 2) // 8) * 8 - 2
+    T = round_up(len(sentences[0]) + 2, 8) - 2
     tokens = np.random.randn(32, T, options.lstm.projection_dim).astype(np.float32)
     mask = np.zeros((32, T), bool)
     for b, s in enumerate(sentences):

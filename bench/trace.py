@@ -2,8 +2,8 @@
 `train.py` runs (jax.profiler), read back with `jax.profiler.ProfileData`, the
 time of each compiled op summed over the traced steps and shown with its HLO.
 
-    python bench/trace.py --config bilm-tf-small
-    python bench/trace.py --config original --steps 2 --top 40
+    python -m bench.trace --config bilm-tf-small
+    python -m bench.trace --config original --steps 2 --top 40
 
 The ops are XLA's fused kernels ("ynn_fusion" are matrix products, "copy" and
 "transpose" fusions are layout changes, "wrapped_broadcast" fills a buffer);
@@ -21,8 +21,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from bench import _common
 
 
 def op_times(trace_dir: str, steps: int) -> collections.Counter:
@@ -53,12 +52,11 @@ def main(argv=None):
     _common.run_as_the_commands()
 
     import jax
-    import jax.numpy as jnp
 
-    import train as bench_train
+    from bench import train as bench_train
 
-    _, _, built, _, batcher, _ = bench_train.setup(args.config, args.dtype)
-    batch = {k: jnp.asarray(v) for k, v in next(batcher).items()}
+    _, _, built, _, feed = bench_train.setup(args.config, args.dtype)
+    batch, _, _ = feed.next()
     state = {"state": built.init(None, None)}  # the step donates its state: thread it
 
     def one_step():

@@ -1,7 +1,7 @@
 """Training speed, side by side: elmo-jax's train step against bilm-tf's trainer.
 
-    python bench/train.py --config bilm-tf-small [--repeats 3]
-    python bench/train.py --config original --repeats 3
+    python -m bench.train --config bilm-tf-small [--repeats 3]
+    python -m bench.train --config original --repeats 3
 
 `--config` names a file in configs/: the same model and training settings are
 given to both (bilm-tf's harness gets every model field as a flag). Same
@@ -27,8 +27,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+from bench import _common
 
 VOCAB_SIZE = 10000
 
@@ -69,7 +68,7 @@ def run_bilm_tf(options, steps, warmup):
 
 
 def run_elmo_jax(config, steps, warmup, dtype, unroll):
-    return _common.run_child([sys.executable, os.path.abspath(__file__), "--worker", "--config",
+    return _common.run_child([sys.executable, "-m", __spec__.name, "--worker", "--config",
                               config, "--steps", str(steps), "--warmup", str(warmup),
                               "--dtype", dtype, "--scan-unroll", str(unroll)],
                              env=dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS",
@@ -77,9 +76,11 @@ def run_elmo_jax(config, steps, warmup, dtype, unroll):
 
 
 def setup(name, dtype="float32", unroll=1):
-    """(config, vocabulary, the step train.py runs, a fresh state, the batcher)."""
+    """(config, vocabulary, the step train.py runs, a fresh state, its batches
+    as train.py's loop reads them: `loop.Feed` over `loop.make_batcher`)."""
     from elmo_jax import training
-    from elmo_jax.data import Batcher, TextSource
+    from elmo_jax.config import DataConfig
+    from elmo_jax.training.loop import Feed, make_batcher
     from elmo_jax.vocab import Vocabulary, read_word_list
 
     config = _common.load_config(name)
@@ -87,13 +88,12 @@ def setup(name, dtype="float32", unroll=1):
     vocab = Vocabulary(read_word_list(vocab_full)[:VOCAB_SIZE])
     config = config.replace(model=config.model.replace(n_tokens_vocab=len(vocab)),
                             train=dataclasses.replace(config.train, compute_dtype=dtype,
-                                                      scan_unroll=unroll))
+                                                      scan_unroll=unroll),
+                            data=DataConfig(train_files=corpus))
     mesh = training.train_mesh(config.model, config.train, len(vocab))
     built = training.create_train_step(config.model, config.train, len(vocab), mesh)
-    batcher = Batcher(TextSource(corpus, seed=0), vocab, config.model.batch_size,
-                      config.model.unroll_steps, n_groups=mesh.size,
-                      widest_filter=config.model.char_cnn.widest_filter)  # as train.py's
-    return config, vocab, built, built.init(None, None), batcher, mesh
+    feed = Feed(make_batcher(config, vocab, mesh), mesh)
+    return config, vocab, built, built.init(None, None), feed
 
 
 def worker(name, steps, warmup, dtype, unroll) -> dict:
@@ -101,27 +101,25 @@ def worker(name, steps, warmup, dtype, unroll) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from elmo_jax import training
     from elmo_jax.training.plan import train_flops
 
-    config, vocab, built, state, batcher, mesh = setup(name, dtype, unroll)
+    config, vocab, built, state, feed = setup(name, dtype, unroll)
     options = config.model
     busy = _common.wait_quiet(120)
     times, ppl, distinct, compiled = [], [], [], []
+    compiles = _common.CompileCount()
     cpu0 = time.process_time()
-    host = next(batcher)
-    batch = training.global_batch(host, mesh)
+    batch, _, _ = feed.next()
     for i in range(steps):
         t0 = time.perf_counter()
-        shapes_before = built.step._cache_size()
+        compiles_before = compiles.n
         state, m = built.step(state, batch)
         # a batch of a new shape (its token table's rows or characters) compiles the
         # step once; like the first step's, that time is left out and reported
-        compiled.append(built.step._cache_size() > shapes_before)
-        distinct.append(int(np.any(host["token_chars"] != 0, axis=-1).sum()))
+        compiled.append(compiles.n > compiles_before)
+        distinct.append(int(np.any(np.asarray(batch["token_chars"]) != 0, axis=-1).sum()))
         if i + 1 < steps:  # the next batch made while the device computes, as train.py's loop
-            host = next(batcher)
-            batch = training.global_batch(host, mesh)
+            batch, _, _ = feed.next()
         loss = float(m["loss"])
         times.append(time.perf_counter() - t0)
         ppl.append(round(float(2.718281828 ** min(loss, 50)), 1))

@@ -11,21 +11,39 @@ or, inside your own jitted code:
 or as a Flax module (linen; `NnxElmoEmbedder` for NNX):
 
     elmo = elmo_jax.ElmoEmbedder.from_export("runs/x/export")   # mixes are its params
-"""
-from elmo_jax.chars import batch_to_char_ids
-from elmo_jax.embedding import (Elmo, EmbedOutput, embed, embed_token_vectors, encode_tokens,
-                                init_mix, scalar_mix)
-from elmo_jax.export import load_export, save_export
-from elmo_jax.model import LSTMState, init_params, init_state
-from elmo_jax.modules import ElmoEmbedder, NnxElmoEmbedder
-from elmo_jax.scoring import score_sentences
-from elmo_jax.options import ElmoOptions, OptionsError
-from elmo_jax.weights import WeightsError, load_weights, save_weights
 
-__all__ = [
-    "ElmoOptions", "OptionsError", "batch_to_char_ids", "load_weights", "save_weights",
-    "WeightsError", "embed", "embed_token_vectors", "encode_tokens", "EmbedOutput", "init_state", "init_mix", "scalar_mix",
-    "init_params", "LSTMState", "Elmo", "load_export", "save_export", "ElmoEmbedder",
-    "NnxElmoEmbedder", "score_sentences",
-]
+Any stored model (a training workdir, an export folder, a weights file):
+
+    model = elmo_jax.open_model("runs/x")   # options, params, vocab, softmax
+"""
+import importlib
+
+# The public API, imported when first used (PEP 562), so that `import elmo_jax`
+# costs nothing and a command can set the process up (huge_pages.py) before
+# JAX, Flax and orbax load.
+_API = {
+    "ElmoOptions": "options", "OptionsError": "options", "batch_to_char_ids": "chars",
+    "load_weights": "weights", "save_weights": "weights", "WeightsError": "weights",
+    "embed": "embedding", "embed_token_vectors": "embedding", "encode_tokens": "embedding",
+    "EmbedOutput": "embedding", "init_mix": "embedding", "scalar_mix": "embedding",
+    "init_state": "model", "init_params": "model", "LSTMState": "model", "Elmo": "elmo",
+    "load_export": "export", "save_export": "export", "ElmoEmbedder": "modules",
+    "NnxElmoEmbedder": "modules", "score_sentences": "scoring", "open_model": "stored",
+}
+__all__ = list(_API)
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name in _API:
+        return getattr(importlib.import_module(f"elmo_jax.{_API[name]}"), name)
+    try:  # a submodule: elmo_jax.vocab, elmo_jax.training, ...
+        return importlib.import_module(f"elmo_jax.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"elmo_jax.{name}":  # the submodule exists but needs something missing
+            raise
+        raise AttributeError(f"module 'elmo_jax' has no attribute {name!r}") from None
+
+
+def __dir__():
+    return sorted(__all__ + ["__version__"])

@@ -12,6 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
+from elmo_jax.shapes import round_up
+
 # Unshifted ids, as bilm-tf's UnicodeCharsVocabulary defines them (bytes are 0..255).
 BOS_CHAR = 256  # begin of sentence
 EOS_CHAR = 257  # end of sentence
@@ -78,7 +80,7 @@ def trim_padding(char_ids: np.ndarray, widest_filter: int, multiple: int = 8) ->
     C = char_ids.shape[-1]
     real = (char_ids > 0) & (char_ids != PAD_CHAR + 1)
     L = int(np.max(np.where(real, np.arange(1, C + 1), 0), initial=0))
-    width = min(C, -(-(L + widest_filter) // multiple) * multiple)
+    width = min(C, round_up(L + widest_filter, multiple))
     return char_ids[..., :width]
 
 

@@ -48,6 +48,10 @@ class TrainConfig:
     eval_every: int = 0                       # 0: evaluate at the end only
     checkpoint_every: int = 500
     max_to_keep: int = 3
+    async_checkpoints: bool | None = None     # files written while training goes on;
+                                              # None: on accelerators only (checkpoints.py)
+    nonfinite_skips: int = 3                  # a non-finite loss: back to the last checkpoint
+                                              # and past the batch, this many times a run
     eval_batch_size: int = 32
     eval_unroll_steps: int = 20
     mesh_model: int = 0                       # devices on the `model` axis (softmax rows split);

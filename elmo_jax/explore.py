@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from elmo_jax.embedding import Elmo
+from elmo_jax.elmo import Elmo
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

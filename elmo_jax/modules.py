@@ -35,17 +35,17 @@ from elmo_jax.options import ElmoOptions
 def _load(options: ElmoOptions, weights_file: str | None, rng) -> dict:
     if weights_file is None:
         return init_params(options, rng)
-    from elmo_jax.export import load_export
+    from elmo_jax.stored import open_model  # orbax is imported only when a model is opened
 
-    return jax.tree.map(jnp.asarray, load_export(weights_file).params)
+    return jax.tree.map(jnp.asarray, open_model(weights_file).params)
 
 
 class ElmoEmbedder(nn.Module):
     """char ids [B, T, C] -> (tuple of n_mixes [B, T, 2P] mixes, mask [B, T]).
 
     options:      the biLM's options.
-    weights_file: an export folder or a weights hdf5 with options.json beside
-                  it, read at `init`; None: random biLM weights (`init_params`).
+    weights_file: a stored model (`stored.open_model`: an export folder, a
+                  weights hdf5 with options.json beside it, a workdir), read at `init`; None: random biLM weights (`init_params`).
     n_mixes:      how many scalar mixes (AllenNLP's num_output_representations).
     layer_norm:   AllenNLP's do_layer_norm.
     dropout:      on each mix, as AllenNLP's Elmo (0.5 there); needs a
@@ -62,11 +62,11 @@ class ElmoEmbedder(nn.Module):
 
     @classmethod
     def from_export(cls, path: str | os.PathLike, **kwargs) -> "ElmoEmbedder":
-        """From an export folder (or a weights file with options.json beside it)."""
-        from elmo_jax.export import export_files
+        """From a stored model (`stored.open_model`: an export folder, a weights
+        file with options.json beside it, or a training workdir)."""
+        from elmo_jax.stored import model_options
 
-        options_file, _ = export_files(path)
-        return cls(ElmoOptions.from_json(options_file), weights_file=os.fspath(path), **kwargs)
+        return cls(model_options(path), weights_file=os.fspath(path), **kwargs)
 
     def char_ids(self, sentences: Sequence[Sequence[str]], min_length: int = 0):
         """Token lists -> [B, T, C] char ids for this module."""
@@ -126,10 +126,11 @@ class NnxElmoEmbedder(nnx.Module):
 
     @classmethod
     def from_export(cls, path: str | os.PathLike, *, rngs: nnx.Rngs, **kwargs):
-        from elmo_jax.export import load_export
+        """From a stored model (`stored.open_model`)."""
+        from elmo_jax.stored import open_model
 
-        exported = load_export(path)
-        return cls(exported.options, exported.params, rngs=rngs, **kwargs)
+        model = open_model(path)
+        return cls(model.options, model.params, rngs=rngs, **kwargs)
 
     def __call__(self, char_ids, deterministic: bool | None = None):
         bilm = jax.tree.map(lambda v: v[...], self.bilm,

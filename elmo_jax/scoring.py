@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 from typing import Sequence
 
 import jax
@@ -22,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.chars import batch_to_char_ids, trim_padding
-from elmo_jax.embedding import bucket
+from elmo_jax.shapes import bucket
 from elmo_jax.model import BiLM, LSTMState, init_state
 from elmo_jax.options import ElmoOptions
 from elmo_jax.softmax import full_softmax_loss
@@ -101,22 +100,15 @@ def score_sentences(params: dict, softmax: dict, options: ElmoOptions, vocab: Vo
 def load_language_model(path: str) -> tuple[ElmoOptions, dict, dict, Vocabulary]:
     """(options, biLM params, softmax, vocabulary) of an export folder (with
     softmax.hdf5 and vocab.txt) or of a training workdir's newest checkpoint."""
-    from elmo_jax.export import SOFTMAX_FILE, load_export
+    from elmo_jax.export import SOFTMAX_FILE
+    from elmo_jax.stored import open_model
 
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
-        from elmo_jax.training import restore_latest
-
-        from elmo_jax.training.workdir import vocabulary_softmax
-
-        run = restore_latest(path)
-        return (run.config.model, run.state.params["bilm"],
-                vocabulary_softmax(run.state.params["softmax"], run.vocab), run.vocab)
-    exported = load_export(path)
-    if exported.softmax is None:
+    model = open_model(path)
+    if model.softmax is None:
         raise FileNotFoundError(f"{path} has no {SOFTMAX_FILE} and vocab.txt: scoring needs the "
                                 "softmax (exports from `train.py export` have it; bilm-tf's "
                                 "dumped weights do not)")
-    return exported.options, exported.params, exported.softmax, exported.vocab
+    return model.options, model.params, model.softmax, model.vocab
 
 
 def corpus_perplexity(records: Sequence[dict]) -> dict:

@@ -27,7 +27,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from elmo_jax.shapes import round_up
+
 _NEG = -jnp.finfo(jnp.float32).max  # TF adds -FLT_MAX to accidental hits
+
+# The matrix's rows: the vocabulary padded to a multiple of SOFTMAX_ROW_MULTIPLE,
+# so that any power-of-two model axis up to it divides them. A padding row is
+# never a label and never sampled, and its probability in the full softmax is
+# exactly 0 (bias PAD_BIAS). Checkpoints keep the padding; exports do not.
+SOFTMAX_ROW_MULTIPLE = 128
+PAD_BIAS = -1e9
+
+
+def softmax_rows(vocab_size: int) -> int:
+    """Rows of the softmax matrix: the vocabulary, padded."""
+    return round_up(vocab_size, SOFTMAX_ROW_MULTIPLE)
+
+
+def pad_softmax(softmax: dict, vocab_size: int) -> dict:
+    """A softmax of `vocab_size` rows {"w": [V, P], "b": [V]} (an export's)
+    padded to `softmax_rows(V)` rows."""
+    extra = softmax_rows(vocab_size) - softmax["w"].shape[0]
+    return {"w": jnp.pad(jnp.asarray(softmax["w"]), ((0, extra), (0, 0))),
+            "b": jnp.pad(jnp.asarray(softmax["b"]), (0, extra), constant_values=PAD_BIAS)}
+
+
+def unpad_softmax(softmax: dict, vocab_size: int) -> dict:
+    """The vocabulary's rows {"w": [V, P], "b": [V]} of a padded softmax."""
+    return {"w": softmax["w"][:vocab_size], "b": softmax["b"][:vocab_size]}
 
 
 class Candidates(NamedTuple):
@@ -189,7 +216,7 @@ def chunked_logsumexp(w: jax.Array, b: jax.Array, hidden: jax.Array, chunk: int)
     V, N = w.shape[0], hidden.shape[0]
     if V <= chunk:
         return jax.nn.logsumexp(hidden @ w.T + b, axis=1)
-    n_chunks = -(-V // chunk)
+    n_chunks = round_up(V, chunk) // chunk
 
     @jax.checkpoint
     def body(carry, i):

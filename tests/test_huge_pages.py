@@ -1,4 +1,4 @@
-"""Huge pages for XLA's CPU buffers (elmo_jax/cli/huge_pages.py): the commands
+"""Huge pages for XLA's CPU buffers (elmo_jax/huge_pages.py): the commands
 execute themselves once with glibc's hugetlb tunable, and the tunable does
 what it is there for, fewer page faults on a large fresh block."""
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from elmo_jax.cli.huge_pages import OPT_OUT, TUNABLE, tuned_environment
+from elmo_jax.huge_pages import OPT_OUT, TUNABLE, tuned_environment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,6 +36,17 @@ def test_a_command_runs_once_with_the_tunable_set():
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == [f"{expected} ['a b', '--flag']"]
+
+
+def test_the_commands_can_set_it_before_jax_is_imported():
+    """The re-execution comes first: importing the package and its commands
+    loads none of the heavy libraries (each would be loaded twice)."""
+    code = ("import sys, elmo_jax, elmo_jax.cli, elmo_jax.cli.train, elmo_jax.cli.embed; "
+            "print(sorted(m for m in ('jax', 'flax', 'orbax', 'h5py', 'optax') "
+            "if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
 # a fresh 256 MiB block from glibc's posix_memalign, as XLA:CPU allocates

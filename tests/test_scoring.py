@@ -8,14 +8,17 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
+import elmo_jax
 from conftest import REPO, write_grammar_corpus
 from elmo_jax import training
-from elmo_jax.config import DataConfig, load_config
+from elmo_jax.config import ConfigError, DataConfig, load_config
 from elmo_jax.data import read_sentences
 from elmo_jax.scoring import corpus_perplexity, load_language_model, score_sentences
+from elmo_jax.softmax import pad_softmax
 
 pytestmark = pytest.mark.e2e
 
@@ -39,10 +42,10 @@ def test_scores_add_up_to_eval_perplexity(trained):
     options, params, softmax, vocab = load_language_model(str(d / "export"))
     sentences = read_sentences(files["heldout.txt"])
     records = score_sentences(params, softmax, options, vocab, sentences, stateful=True)
-    run = training.restore_latest(str(d / "run"))
+    run = elmo_jax.open_model(str(d / "run"))  # the checkpoint, as training evaluates it
     one_stream = dataclasses.replace(run.config.train, eval_batch_size=1)
-    ev = training.evaluate(run.state.params, run.config.model, one_stream, run.vocab,
-                           files["heldout.txt"])
+    ev = training.evaluate({"bilm": run.params, "softmax": pad_softmax(run.softmax, len(vocab))},
+                           run.options, one_stream, run.vocab, files["heldout.txt"])
     total = corpus_perplexity(records)
     assert total["predictions"] == ev["eval_tokens"]
     for ours, theirs in (("ppl_forward", "eval_ppl_forward"),
@@ -94,3 +97,28 @@ def test_score_command_writes_one_line_per_input_line(trained, tmp_path):
     finally:
         training.export(str(d / "run"), str(d / "export"))
     assert r.returncode == 2 and "has no softmax.hdf5" in r.stderr
+
+
+def test_every_form_of_a_stored_model_opens_the_same_and_builds_nothing_of_training(trained):
+    """open_model: the workdir, its export folder and the export's weights file
+    give the same model; opening the workdir and scoring from it (in a fresh
+    process) imports nothing of training: no train step, no optimizer."""
+    files, d = trained
+    forms = [elmo_jax.open_model(str(p)) for p in (d / "run", d / "export",
+                                                   d / "export" / "weights.hdf5")]
+    assert [m.kind for m in forms] == ["workdir", "export", "weights"]
+    assert forms[0].step == 100 and forms[0].vocab.words == forms[1].vocab.words
+    for m in forms[1:]:
+        assert m.options.same_model(forms[0].options)
+        for a, b in zip(jax.tree.leaves((forms[0].params, forms[0].softmax)),
+                        jax.tree.leaves((m.params, m.softmax))):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    code = ("import sys, elmo_jax; from elmo_jax.scoring import load_language_model; "
+            f"elmo_jax.open_model({str(d / 'run')!r}); load_language_model({str(d / 'run')!r}); "
+            "print(sorted(m for m in sys.modules if m.startswith('elmo_jax.training') "
+            "or m == 'optax'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
+    with pytest.raises(ConfigError, match="training workdir"):
+        elmo_jax.open_model(str(d / "run"), options=str(d / "export" / "options.json"))

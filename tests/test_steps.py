@@ -12,7 +12,8 @@ from elmo_jax import ElmoOptions
 from elmo_jax.config import TrainConfig
 from elmo_jax.data import Batcher
 from elmo_jax.model import init_state
-from elmo_jax.training.steps import PAD_BIAS, eval_step, init_train_state, loss_fn
+from elmo_jax.softmax import PAD_BIAS
+from elmo_jax.training.steps import eval_step, init_train_state, loss_fn
 from elmo_jax.vocab import build_vocab
 
 

@@ -21,6 +21,7 @@ import pytest
 import elmo_jax
 from conftest import FIXTURES, REPO, write_grammar_corpus
 from elmo_jax import training
+from elmo_jax.checkpoints import CheckpointError
 from elmo_jax.config import ConfigError, DataConfig, load_config
 from elmo_jax.data import DataError, read_sentences
 from elmo_jax.vocab import VocabError
@@ -166,7 +167,23 @@ def test_settings_that_fail_late_are_refused_before_step_one(tmp_path):
         assert not os.path.exists(work / "metrics.jsonl")  # nothing trained
 
 
-def test_killed_run_resumes_with_the_same_losses(tmp_path):
+# train.py with orbax's save of step 20 cut short: SIGKILL as soon as the save
+# has started (it writes in a background thread), before its files are whole
+_KILLED_DURING_THE_SAVE_OF_STEP_20 = textwrap.dedent("""
+    import os, runpy, signal, sys
+    from elmo_jax import checkpoints
+    started = checkpoints.save
+    def save(mngr, state, positions):
+        started(mngr, state, positions)
+        if int(state.step) == 20:
+            os.kill(os.getpid(), signal.SIGKILL)
+    checkpoints.save = save
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+
+
+def test_a_run_killed_during_a_save_resumes_from_the_checkpoint_before(tmp_path):
     files = write_grammar_corpus(tmp_path / "data")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     ref = subprocess.run(_train_cmd(files, tmp_path / "ref", 30, 10), env=env,
@@ -174,16 +191,19 @@ def test_killed_run_resumes_with_the_same_losses(tmp_path):
     assert ref.returncode == 0, ref.stderr[-3000:]
 
     work = tmp_path / "killed"
-    proc = subprocess.Popen(_train_cmd(files, work, 30, 10), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    _wait_for(lambda: os.path.isdir(work / "checkpoints" / "10"), proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    seen = max(losses_by_step(work))
-    assert seen < 30, "the run should have been killed before its end"
+    killed = subprocess.run([sys.executable, "-c", _KILLED_DURING_THE_SAVE_OF_STEP_20,
+                             *_train_cmd(files, work, 30, 10)[1:],
+                             "--set", "train.async_checkpoints=true"],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    left = sorted(os.listdir(work / "checkpoints"))
+    assert "10" in left and "20" not in left, left        # step 20 never became whole
+    assert any(name.startswith("20.") for name in left), left   # it was being written
+    assert max(losses_by_step(work)) == 20
     again = subprocess.run(_train_cmd(files, work, 30, 10), env=env, capture_output=True,
                            text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from the checkpoint of step 10" in again.stderr, again.stderr[-2000:]
     want, got = losses_by_step(tmp_path / "ref"), {}
     for m in metrics(work):  # the resumed run's records come last and win
         if "train_loss" in m:
@@ -224,12 +244,12 @@ def test_export_then_load_reproduces_embed_exactly(tmp_path):
     config = tiny(max_steps=3)
     run(config, files["train.txt"], files["vocab.txt"], str(tmp_path / "run"))
     training.export(str(tmp_path / "run"), str(tmp_path / "out"))
-    state = training.restore_latest(str(tmp_path / "run")).state
+    trained = elmo_jax.open_model(str(tmp_path / "run")).params
     exported = elmo_jax.ElmoOptions.from_json(tmp_path / "out" / "options.json")
     assert exported.char_cnn.n_characters == 262
     loaded = elmo_jax.load_weights(tmp_path / "out" / "weights.hdf5", exported)
     ids = elmo_jax.batch_to_char_ids([["the", "old", "dog", "sees", "the", "cat", "."], ["a"]])
-    a = elmo_jax.embed(state.params["bilm"], ids, exported).layers
+    a = elmo_jax.embed(trained, ids, exported).layers
     b = elmo_jax.embed(loaded, ids, exported).layers
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert float(np.abs(np.asarray(a)).max()) > 0
@@ -254,11 +274,11 @@ def test_fine_tune_from_exported_weights(tmp_path):
     new_vocab.to_file(tmp_path / "new_vocab.txt")
     run(tiny(max_steps=1), files["train.txt"], str(tmp_path / "new_vocab.txt"), tmp_path / "ft2",
         init_from=str(tmp_path / "export" / "weights.hdf5"))
-    state = training.restore_latest(str(tmp_path / "ft2")).state
+    softmax = elmo_jax.open_model(str(tmp_path / "ft2")).softmax
     V = len(new_vocab)
     k = np.arange(V, dtype=np.float64)
     law = np.log((k + 2) / (k + 1)) / np.log(V + 1)
-    assert np.max(np.abs(np.asarray(state.params["softmax"]["b"])[:V] - np.log(law))) < 0.2
+    assert np.max(np.abs(np.asarray(softmax["b"]) - np.log(law))) < 0.2
 
 
 def test_bad_inputs_fail_clearly(tmp_path):
@@ -294,27 +314,109 @@ def test_corrupt_checkpoint_is_a_clear_error_and_nothing_is_overwritten(tmp_path
     config = tiny(max_steps=2)
     work = str(tmp_path / "run")
     run(config, files["train.txt"], files["vocab.txt"], work)
-    for path in glob.glob(os.path.join(work, "checkpoints", "2", "state", "**"), recursive=True):
+    for path in glob.glob(os.path.join(work, "checkpoints", "2", "params", "**"), recursive=True):
         if os.path.isfile(path):
             with open(path, "wb") as fh:
                 fh.write(b"garbage")
     before = _tree_digest(work)
-    with pytest.raises(training.TrainingError, match="cannot be read"):
+    with pytest.raises(CheckpointError, match="cannot be read"):
         run(tiny(max_steps=4), files["train.txt"], files["vocab.txt"], work)
     assert _tree_digest(work) == before
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+def test_checkpoints_of_the_earlier_layout_still_open_and_resume(tmp_path):
+    """Before params/ and train/, a checkpoint held one `state` item (the whole
+    TrainState): such a workdir still opens as a model and still resumes."""
+    import shutil
+
+    import orbax.checkpoint as ocp
+
+    from elmo_jax import checkpoints
+    from elmo_jax.training.partitioning import create_train_step, make_mesh
+
+    files = write_grammar_corpus(tmp_path / "data")
+    new, old = tmp_path / "new", tmp_path / "old"
+    run(tiny(max_steps=2), files["train.txt"], files["vocab.txt"], new)
+    model = elmo_jax.open_model(str(new))
+    built = create_train_step(model.options, model.config.train, len(model.vocab),
+                              make_mesh(1, jax.devices()[:1]))
+    state, data = checkpoints.restore(checkpoints.manager(str(new)), 2, built.abstract_state)
+    os.makedirs(old)
+    for name in ("config.json", "vocab.txt", "metrics.jsonl"):
+        shutil.copy(new / name, old / name)
+    legacy = ocp.CheckpointManager(str(old / "checkpoints"),
+                                   options=ocp.CheckpointManagerOptions(create=True))
+    legacy.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                           data=ocp.args.JsonSave(data)))
+    legacy.wait_until_finished()
+    assert os.listdir(old / "checkpoints" / "2" / "state")
+    opened = elmo_jax.open_model(str(old))
+    assert opened.step == 2
+    for a, b in zip(jax.tree.leaves((model.params, model.softmax)),
+                    jax.tree.leaves((opened.params, opened.softmax))):
+        np.testing.assert_array_equal(a, b)
+    for work in (new, old):
+        run(tiny(max_steps=4), files["train.txt"], files["vocab.txt"], work)
+    assert losses_by_step(old)[4] == pytest.approx(losses_by_step(new)[4], rel=1e-6)
+    assert os.path.isdir(old / "checkpoints" / "4" / "params")  # saved in today's layout
+
+
+def test_a_batch_that_makes_the_loss_non_finite_is_passed_over(tmp_path, monkeypatch, capsys):
+    """One sentence of the corpus holds a word whose batch poisons the step
+    (its loss and parameters become NaN, as an overflow's would): the run goes
+    back to its last checkpoint, past that batch, and on to its end."""
+    from elmo_jax.training import loop
+
+    files = write_grammar_corpus(tmp_path / "data")
+    with open(files["train.txt"], "a") as fh:
+        fh.write("the poison dog sees the cat .\n")
+    with open(files["vocab.txt"], "a") as fh:
+        fh.write("poison\n")
+    poison = elmo_jax.vocab.Vocabulary.from_file(files["vocab.txt"]).encode(["poison"])[0]
+    built_by_the_loop = loop.create_train_step
+
+    def create_train_step(*args, **kwargs):
+        built = built_by_the_loop(*args, **kwargs)
+
+        def step(state, batch):
+            poisoned = bool((np.asarray(batch["targets"]) == poison).any())
+            state, m = built.step(state, batch)
+            if poisoned:
+                state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+                m = {**m, "loss": np.float32(np.nan)}
+            return state, m
+        return built._replace(step=step)
+
+    monkeypatch.setattr(loop, "create_train_step", create_train_step)
+    work = tmp_path / "run"
+    last = run(tiny(max_steps=20, checkpoint_every=3), files["train.txt"], files["vocab.txt"], work)
+    assert last["step"] == 20 and math.isfinite(last["train_loss"])
+    events = [m for m in metrics(work) if m.get("event") == "nonfinite_loss"]
+    assert events and all(m["back_to_step"] < m["step"] for m in events)
+    seen = collections.defaultdict(list)
+    for m in metrics(work):
+        if "train_loss" in m:
+            seen[m["step"]].append(m["train_loss"])
+    for s in range(events[0]["back_to_step"] + 1, events[0]["step"]):  # replayed exactly
+        assert len(seen[s]) == 2 and seen[s][0] == pytest.approx(seen[s][1], rel=1e-6), s
+    assert "going back to step" in capsys.readouterr().err
+    kept = elmo_jax.open_model(str(work))
+    assert kept.step == 20
+    assert all(bool(np.isfinite(x).all()) for x in jax.tree.leaves((kept.params, kept.softmax)))
+
+
+def test_a_loss_that_stays_non_finite_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     files = write_grammar_corpus(tmp_path / "data")
     config = tiny(max_steps=50, checkpoint_every=1, learning_rate=1e38)
     work = str(tmp_path / "run")
     with pytest.raises(training.TrainingError, match="training stopped") as e:
         run(config, files["train.txt"], files["vocab.txt"], work)
     bad_step = metrics(work)[-1]["step"]
-    assert metrics(work)[-1]["event"] == "diverged"
-    state = training.restore_latest(work).state
-    assert int(state.step) == bad_step - 1, str(e.value)
-    assert all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(state.params))
+    events = [m for m in metrics(work) if m.get("event") == "nonfinite_loss"]
+    assert len(events) == 4 and metrics(work)[-1]["event"] == "nonfinite_loss"  # 3 skips, then stop
+    kept = elmo_jax.open_model(work)
+    assert kept.step == bad_step - 1, str(e.value)
+    assert all(bool(np.isfinite(x).all()) for x in jax.tree.leaves((kept.params, kept.softmax)))
 
 
 def test_a_model_without_projection_trains_and_exports(tmp_path):

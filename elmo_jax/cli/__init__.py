@@ -6,25 +6,27 @@ from __future__ import annotations
 import json
 import sys
 
-from elmo_jax.config import ConfigError
-from elmo_jax.data import DataError
-from elmo_jax.datasets.common import RecipeError
-from elmo_jax.options import OptionsError
-from elmo_jax.vocab import VocabError
-from elmo_jax.weights import WeightsError
+from elmo_jax.huge_pages import reexec_with_huge_pages
 
 
 def run_cli(main) -> None:
-    """Run `main()` (in a process with huge pages for XLA's buffers: see
-    huge_pages.py); a user error prints `error: ...` and exits with status 2."""
-    from elmo_jax.cli.huge_pages import reexec_with_huge_pages
-    from elmo_jax.training import TrainingError
-
+    """Run `main()` in a process with huge pages for XLA's buffers (huge_pages.py:
+    set before JAX is imported, which this module does not do); a user error
+    prints `error: ...` and exits with status 2."""
     reexec_with_huge_pages()
+    from elmo_jax.checkpoints import CheckpointError
+    from elmo_jax.config import ConfigError
+    from elmo_jax.data import DataError
+    from elmo_jax.datasets.common import RecipeError
+    from elmo_jax.options import OptionsError
+    from elmo_jax.training import TrainingError
+    from elmo_jax.vocab import VocabError
+    from elmo_jax.weights import WeightsError
+
     try:
         sys.exit(main())
     except (ConfigError, DataError, OptionsError, RecipeError, VocabError, WeightsError,
-            TrainingError, FileNotFoundError, UnicodeError) as e:
+            TrainingError, CheckpointError, FileNotFoundError, UnicodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

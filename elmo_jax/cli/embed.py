@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 
 def main(argv=None, prog: str = "embed.py"):
@@ -26,8 +25,8 @@ def main(argv=None, prog: str = "embed.py"):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--input", required=True, help="UTF-8 text, one sentence a line")
     ap.add_argument("--output", required=True, help="hdf5 file to write")
-    ap.add_argument("--options", help="options.json (with --weights)")
-    ap.add_argument("--weights", help="weights hdf5 in bilm-tf's layout")
+    ap.add_argument("--options", help="options.json (default: the one beside --weights)")
+    ap.add_argument("--weights", help="weights hdf5 in bilm-tf's layout, or an export folder")
     ap.add_argument("--workdir", help="a training workdir: use its latest checkpoint")
     ap.add_argument("--tokenize", action="store_true", help="Moses-tokenise raw lines")
     ap.add_argument("--batch_size", type=int, default=64)
@@ -40,25 +39,19 @@ def main(argv=None, prog: str = "embed.py"):
     ap.add_argument("--cache_vocab", help="vocabulary file: precompute these words' token vectors")
     ap.add_argument("--no_progress", action="store_true")
     args = ap.parse_args(argv)
-    if bool(args.options) != bool(args.weights) or bool(args.weights) == bool(args.workdir):
-        ap.error("give --options and --weights, or --workdir")
+    if bool(args.weights) == bool(args.workdir) or (args.options and not args.weights):
+        ap.error("give --weights (and --options unless options.json is beside it), or --workdir")
     if args.layer is not None and args.mix is not None:
         ap.error("--layer and --mix exclude each other")
 
     from elmo_jax.data import read_sentences
-    from elmo_jax.embedding import Elmo, dump_embeddings
+    from elmo_jax.dump import dump_embeddings
+    from elmo_jax.elmo import Elmo
+    from elmo_jax.stored import open_model
     from elmo_jax.vocab import read_word_list
 
-    if args.workdir:
-        from elmo_jax.training import restore_latest
-
-        run = restore_latest(args.workdir)
-        options, params = run.config.model, run.state.params["bilm"]
-    else:
-        from elmo_jax.export import load_export
-
-        exported = load_export(args.weights, options=args.options)
-        options, params = exported.options, exported.params
+    model = open_model(args.workdir or args.weights, options=args.options)
+    options, params = model.options, model.params
     sentences = read_sentences(args.input, keep_empty=True)
     if args.tokenize:
         from elmo_jax.datasets.common import Tokenizer

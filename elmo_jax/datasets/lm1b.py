@@ -8,21 +8,18 @@ with `python train.py --source lm1b ...`.
 """
 from __future__ import annotations
 
+from elmo_jax.data import DataError, lm1b_source
 from elmo_jax.datasets import common
 
 
 def prepare(cache_dir: str | None = None, data_dir: str | None = None) -> dict:
     del cache_dir  # TFDS keeps its own data dir
     try:
-        import tensorflow_datasets as tfds
-    except ImportError:
-        raise common.RecipeError("lm1b needs TensorFlow Datasets: pip install tensorflow-datasets")
-    try:
-        source = tfds.data_source("lm1b", split="train", data_dir=data_dir, download=False)
-    except Exception as e:
+        source = lm1b_source("train", data_dir=data_dir)
+    except DataError as e:
         raise common.RecipeError(
-            "lm1b is not prepared in TFDS's data dir, and this recipe does not download from the "
-            "open web. On a machine with network access run: python -c \"import tensorflow_datasets "
-            "as tfds; tfds.builder('lm1b').download_and_prepare(file_format='array_record')\" "
-            f"(needs tensorflow), then copy the data dir here. ({type(e).__name__})") from None
-    return {"recipe": "lm1b", "source": "tfds lm1b", "train_sentences": len(source)}
+            f"{e}. This recipe does not download from the open web. On a machine with network "
+            "access run: python -c \"import tensorflow_datasets as tfds; "
+            "tfds.builder('lm1b').download_and_prepare(file_format='array_record')\" (needs "
+            "tensorflow), then copy the data dir here.") from None
+    return {"recipe": "lm1b", "source": "tfds lm1b", "train_sentences": len(source.records)}

@@ -25,6 +25,11 @@ import os
 import sys
 import time
 
+if __name__ == "__main__":  # huge pages, set before JAX loads (elmo_jax/huge_pages.py)
+    from elmo_jax.huge_pages import reexec_with_huge_pages
+
+    reexec_with_huge_pages()
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -33,10 +38,11 @@ import optax
 
 from elmo_jax.chars import batch_to_char_ids, trim_padding
 from elmo_jax.cli import print_result, run_cli
-from elmo_jax.embedding import bucket, embed
-from elmo_jax.export import load_export
+from elmo_jax.embedding import embed
 from elmo_jax.modules import ElmoEmbedder, init_variables
 from elmo_jax.options import ElmoOptions
+from elmo_jax.shapes import bucket
+from elmo_jax.stored import open_model
 
 MODES = ("mix", "layer0", "top", "random", "random+mix")
 
@@ -272,8 +278,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="append the result as a JSON line to this file")
     args = ap.parse_args(argv)
-    exported = load_export(args.weights)
-    options, bilm = exported.options, exported.params
+    model = open_model(args.weights)
+    options, bilm = model.options, model.params
     config = TaggerConfig(mode=args.mode, hidden=args.hidden, epochs=args.epochs,
                           batch_size=args.batch_size, learning_rate=args.learning_rate,
                           fine_tune=args.fine_tune, max_train_sentences=args.max_train_sentences,

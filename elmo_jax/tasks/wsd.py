@@ -17,10 +17,15 @@ import collections
 import json
 import os
 
+if __name__ == "__main__":  # huge pages, set before JAX loads (elmo_jax/huge_pages.py)
+    from elmo_jax.huge_pages import reexec_with_huge_pages
+
+    reexec_with_huge_pages()
+
 import numpy as np
 
 from elmo_jax.cli import print_result, run_cli
-from elmo_jax.embedding import Elmo
+from elmo_jax.elmo import Elmo
 
 
 def load_examples(path: str) -> list[dict]:

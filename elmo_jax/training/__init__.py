@@ -2,7 +2,7 @@
 
     steps.py         TrainState, the loss, `train_step`, `eval_step` (pure)
     partitioning.py  the Mesh, shardings, global batch, `create_train_step`
-    workdir.py       checkpoints, the run's config, `restore_latest`, export, fine-tune loading
+    workdir.py       saving and resuming checkpoints, the run's config, export, fine-tune loading
     loop.py          `train_and_evaluate(config, workdir)`, `evaluate`
     plan.py          the train step compiled ahead of time for a mesh: bytes, FLOPs, epoch time
 """
@@ -10,8 +10,8 @@ from elmo_jax.training.loop import evaluate, evaluate_workdir, train_and_evaluat
 from elmo_jax.training.partitioning import (create_train_step, global_batch, make_mesh,
                                             train_mesh)
 from elmo_jax.training.steps import TrainState, eval_step, init_train_state, train_step
-from elmo_jax.training.workdir import TrainingError, export, load_pretrained, restore_latest
+from elmo_jax.training.workdir import TrainingError, export, load_pretrained
 
 __all__ = ["train_and_evaluate", "evaluate", "evaluate_workdir", "create_train_step",
            "global_batch", "make_mesh", "train_mesh", "TrainState", "train_step", "eval_step",
-           "init_train_state", "TrainingError", "export", "load_pretrained", "restore_latest"]
+           "init_train_state", "TrainingError", "export", "load_pretrained"]

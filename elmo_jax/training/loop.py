@@ -1,9 +1,10 @@
 """The training loop: `train_and_evaluate(config, workdir)`, and evaluation.
 
 Resumes exactly from the newest checkpoint in the workdir when there is one.
-Stops after `train.max_steps` steps or `train.max_seconds`, on SIGTERM or
-Ctrl-C (after saving a checkpoint), or on a non-finite loss (keeping the last
-good checkpoint).
+Stops after `train.max_steps` steps or `train.max_seconds`, or on SIGTERM or
+Ctrl-C (after saving a checkpoint). A non-finite loss sends the run back to its
+last checkpoint and past the batch that caused it (`train.nonfinite_skips`
+times a run; then it stops, keeping the last good checkpoint).
 """
 from __future__ import annotations
 
@@ -19,18 +20,20 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from elmo_jax import checkpoints
 from elmo_jax import data as data_lib
 from elmo_jax.config import Config, ConfigError, TrainConfig
 from elmo_jax.model import init_state
 from elmo_jax.options import ElmoOptions
+from elmo_jax.softmax import pad_softmax
+from elmo_jax.stored import StoredModel, open_model, read_run
 from elmo_jax.training.partitioning import (check_divisible, create_train_step,
                                             global_batch, lstm_state_sharding, make_mesh,
                                             process_part, train_mesh)
 from elmo_jax.training.pod import agree_on_the_workdir, failures_stop_every_process
 from elmo_jax.training.steps import eval_step
-from elmo_jax.training.workdir import (MetricsLog, Pretrained, TrainingError, checkpoint_manager,
-                                       load_pretrained, read_run, restore_checkpoint,
-                                       restore_latest, save_checkpoint, write_run)
+from elmo_jax.training.workdir import (MetricsLog, TrainingError, load_pretrained,
+                                       restore_checkpoint, save_checkpoint, write_run)
 from elmo_jax.vocab import Vocabulary
 
 _eval_step_jit = jax.jit(eval_step, static_argnames=("options", "config", "mesh"))
@@ -80,14 +83,14 @@ def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Voc
 
 def evaluate_workdir(workdir: str, eval_files: str) -> dict:
     """Held-out perplexity of the newest checkpoint in `workdir`."""
-    run = restore_latest(workdir)
-    return {"step": int(run.state.step),
-            **evaluate(run.state.params, run.config.model, run.config.train, run.vocab,
-                       eval_files)}
+    run = open_model(workdir)
+    params = {"bilm": run.params, "softmax": pad_softmax(run.softmax, len(run.vocab))}
+    return {"step": run.step,
+            **evaluate(params, run.options, run.config.train, run.vocab, eval_files)}
 
 
 def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bool
-                   ) -> tuple[Config, Pretrained | None]:
+                   ) -> tuple[Config, StoredModel | None]:
     """The model a run trains: the workdir's when resuming, the pretrained one's
     with `data.init_from`, else the config's; sized to the vocabulary."""
     pretrained = None
@@ -114,7 +117,7 @@ def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bo
     return config.replace(model=model.replace(n_tokens_vocab=len(vocab))), pretrained
 
 
-def _batcher(config: Config, vocab: Vocabulary, mesh, source=None):
+def make_batcher(config: Config, vocab: Vocabulary, mesh, source=None):
     """This process's rows of the global batch, one token table per local device."""
     options = config.model
     rows, groups = options.batch_size // jax.process_count(), mesh.size // jax.process_count()
@@ -284,31 +287,67 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
         raise ConfigError("no vocabulary: give --vocab_file (data.vocab_file)")
     vocab = Vocabulary.from_file(config.data.vocab_file)
     os.makedirs(workdir, exist_ok=True)
-    mngr = checkpoint_manager(workdir, config.train.max_to_keep)
+    mngr = checkpoints.manager(workdir, config.train.max_to_keep, config.train.async_checkpoints)
     resume_step = mngr.latest_step()
     agree_on_the_workdir(workdir, resume_step)
     config, pretrained = _resolve_model(config, workdir, vocab, resume_step is not None)
     mesh = train_mesh(config.model, config.train, len(vocab))
     check_before_training(config, vocab, mesh, source)
-    batcher = _batcher(config, vocab, mesh, source)
+    batcher = make_batcher(config, vocab, mesh, source)
     built = create_train_step(config.model, config.train, len(vocab), mesh)
-    if resume_step is not None:
-        state, position = restore_checkpoint(mngr, resume_step, built.abstract_state)
+    start = batcher.position()
+
+    def rewind(step: int | None):
+        """The state of checkpoint `step` (None: the run's start), with the
+        batcher set back to its data position."""
+        if hasattr(batcher, "close"):
+            batcher.close()  # input workers restart from the position
+        if step is None:
+            batcher.restore(start)
+            return built.init(*((pretrained.params, pretrained.softmax) if pretrained
+                                else (None, None)))
+        mngr.wait_until_finished()
+        state, position = restore_checkpoint(mngr, step, built.abstract_state)
         batcher.restore(position)
+        return state
+
+    if resume_step is not None:
+        state = rewind(resume_step)
+        if jax.process_index() == 0:
+            print(f"resuming from the checkpoint of step {resume_step}", file=sys.stderr)
     else:
-        state = built.init(*(pretrained[1:] if pretrained else (None, None)))
+        state = rewind(None)
         write_run(workdir, config, vocab)
     try:
         with _stop_requests() as stop:
-            return _loop(config, vocab, workdir, state, built.step, batcher, mesh, mngr, stop,
-                         resume_step, progress)
+            return _loop(config, vocab, workdir, state, built.step, Feed(batcher, mesh), rewind,
+                         mngr, stop, resume_step, progress)
     finally:
         mngr.wait_until_finished()
         if hasattr(batcher, "close"):
             batcher.close()
 
 
-def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, last_saved,
+class Feed:
+    """The run's global batches, counted from where this process started
+    reading; a batch that made the loss non-finite is passed over once the run
+    has gone back to a checkpoint before it."""
+
+    def __init__(self, batcher, mesh):
+        self.batcher, self.mesh = batcher, mesh
+        self.count, self.skip = 0, set()  # batches read; the numbers of those passed over
+
+    def next(self) -> tuple[dict, dict, int]:
+        """(global batch, data position after it, its number)."""
+        while self.count + 1 in self.skip:
+            next(self.batcher)
+            self.count += 1
+        host = next(self.batcher)
+        self.count += 1
+        return global_batch(host, self.mesh), self.batcher.position(), self.count
+
+
+def _loop(config, vocab, workdir, state, step_fn, feed, rewind, mngr, stop, last_saved,
           progress) -> dict:
     from tqdm import tqdm
 
@@ -320,22 +359,39 @@ def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, las
     t_start = time.time()
     window = _Window(t_start)
     signalled = False
+    skipped = 0
+    saved_at = {last_saved: 0}  # step of a checkpoint -> number of batches read before it
     bar = _Progress(step, max_steps, tc.max_seconds, progress)
     try:
-        batch, position = global_batch(next(batcher), mesh), batcher.position()
+        batch, position, number = feed.next()
         while step < max_steps:
             state, metrics = step_fn(state, batch)
-            state_position = position  # the data position after the batch just used
+            # the data position after the batch just used, and that batch's number
+            state_position, used = position, number
             if step + 1 < max_steps:  # made on the host while the device computes
-                batch, position = global_batch(next(batcher), mesh), batcher.position()
+                batch, position, number = feed.next()
             loss = float(metrics["loss"])
             step += 1
             if not math.isfinite(loss):
-                log.write({"step": step, "event": "diverged", "train_loss": loss})
-                kept = (f"the last good checkpoint (step {last_saved}) is kept" if last_saved
-                        else "no checkpoint had been written")
-                raise TrainingError(f"the loss became {loss} at step {step}: training stopped "
-                                    f"and {kept}. Lower the learning rate or check the data.")
+                skipped += 1
+                kept = (f"the last good checkpoint (step {last_saved}) is kept"
+                        if last_saved is not None else "no checkpoint had been written")
+                log.write({"step": step, "event": "nonfinite_loss", "train_loss": loss,
+                           "back_to_step": last_saved or 0, "skipped_batches": skipped})
+                if skipped > tc.nonfinite_skips:
+                    raise TrainingError(
+                        f"the loss became {loss} at step {step}, the {skipped}th non-finite "
+                        f"loss of this run (train.nonfinite_skips {tc.nonfinite_skips}): "
+                        f"training stopped and {kept}. Lower the learning rate or check the "
+                        "data.")
+                tqdm.write(f"the loss became {loss} at step {step}: going back to step "
+                           f"{last_saved or 0} and past that batch ({skipped} of "
+                           f"{tc.nonfinite_skips} skips)", file=sys.stderr)
+                state = rewind(last_saved)
+                feed.count, step = saved_at[last_saved], last_saved or 0
+                feed.skip.add(used)
+                batch, position, number = feed.next()
+                continue
             window.add(loss, int(metrics["tokens"]))
             timed_out = tc.max_seconds is not None and time.time() - t_start > tc.max_seconds
             # every process stops at the same step: the reasons are agreed first
@@ -352,11 +408,11 @@ def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, las
                 bar.update(step)
             if step % tc.checkpoint_every == 0 or stopping:
                 save_checkpoint(mngr, state, state_position)
-                last_saved = step
+                last_saved, saved_at[step] = step, used
             # a preemption notice leaves seconds: after a signal, only the checkpoint
             if eval_files and tc.eval_every and step % tc.eval_every == 0 and not signalled:
                 last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files,
-                                                 mesh)}
+                                                 feed.mesh)}
                 log.write(last)
             if stopping:
                 why = ("time limit" if timed_out else signal.Signals(stop["signal"]).name
@@ -371,9 +427,10 @@ def _loop(config, vocab, workdir, state, step_fn, batcher, mesh, mngr, stop, las
                 break
         if step == max_steps and last_saved != step:
             save_checkpoint(mngr, state, state_position)
+            last_saved = step
         if eval_files and not signalled and not (tc.eval_every and step % tc.eval_every == 0):
             last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files,
-                                             mesh)}
+                                             feed.mesh)}
             log.write(last)
     finally:
         bar.close()

@@ -22,9 +22,8 @@ from jax.sharding import PartitionSpec as P
 from elmo_jax.config import TrainConfig
 from elmo_jax.data import pad_tables
 from elmo_jax.options import ElmoOptions
-from elmo_jax.softmax import ROWS
-from elmo_jax.training.steps import (SOFTMAX_ROW_MULTIPLE, TrainState, init_train_state,
-                                     make_optimizer, softmax_rows, train_step)
+from elmo_jax.softmax import ROWS, SOFTMAX_ROW_MULTIPLE, softmax_rows
+from elmo_jax.training.steps import TrainState, init_train_state, make_optimizer, train_step
 
 
 LARGE_SOFTMAX = 2 ** 24  # parameters of the softmax matrix from which it is split by default

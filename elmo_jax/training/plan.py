@@ -22,6 +22,7 @@ import numpy as np
 
 from elmo_jax.config import Config
 from elmo_jax.options import ElmoOptions
+from elmo_jax.shapes import round_up
 from elmo_jax.training.partitioning import batch_shardings, create_train_step, make_mesh
 
 LM1B_TRAIN_TOKENS = 768_648_884
@@ -80,7 +81,7 @@ def _abstract_batch(options: ElmoOptions, mesh) -> dict:
     """The largest batch: every position of a row group a distinct token."""
     S, B, U = mesh.size, options.batch_size, options.unroll_steps
     C = options.char_cnn.max_characters_per_token
-    table = -(-(2 * (B // S) * U + 1) // 128) * 128
+    table = round_up(2 * (B // S) * U + 1, 128)
     shapes = {"token_chars": ((S, table, C), np.int32), "token_index": ((2, B, U), np.int32),
               "targets": ((2, B, U), np.int32), "mask": ((B, U), bool)}
     shardings = batch_shardings(mesh)

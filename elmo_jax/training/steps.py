@@ -22,9 +22,10 @@ import optax
 from elmo_jax.config import SOFTMAX_INITS, TrainConfig
 from elmo_jax.model import BiLM, LSTMState, init_params, init_state
 from elmo_jax.options import ElmoOptions
-from elmo_jax.softmax import (chunked_softmax_loss, expected_count, log_uniform_prob,
-                              log_uniform_sample,
-                              sampled_softmax_from_rows, sharded_full_softmax_loss, sharded_rows)
+from elmo_jax.softmax import (PAD_BIAS, chunked_softmax_loss, expected_count,
+                              log_uniform_prob, log_uniform_sample, pad_softmax,
+                              sampled_softmax_from_rows, sharded_full_softmax_loss, sharded_rows,
+                              softmax_rows)
 
 
 @flax.struct.dataclass
@@ -41,23 +42,6 @@ def make_optimizer(options: ElmoOptions, config: TrainConfig) -> optax.GradientT
     return optax.chain(optax.clip_by_global_norm(options.all_clip_norm_val),
                        optax.adagrad(config.learning_rate, config.initial_accumulator_value,
                                      eps=0.0))
-
-
-SOFTMAX_ROW_MULTIPLE = 128  # rows padded to this, so any power-of-two model axis up to it
-PAD_BIAS = -1e9             # divides them (a padding row is never a label and never sampled,
-                            # and its probability in the full softmax is exactly 0)
-
-
-def softmax_rows(vocab_size: int) -> int:
-    """Rows of the softmax matrix: the vocabulary, padded (see SOFTMAX_ROW_MULTIPLE)."""
-    return -(-vocab_size // SOFTMAX_ROW_MULTIPLE) * SOFTMAX_ROW_MULTIPLE
-
-
-def pad_softmax(softmax: dict, vocab_size: int) -> dict:
-    """A softmax of `vocab_size` rows (an export's) padded to `softmax_rows`."""
-    extra = softmax_rows(vocab_size) - softmax["w"].shape[0]
-    return {"w": jnp.pad(jnp.asarray(softmax["w"]), ((0, extra), (0, 0))),
-            "b": jnp.pad(jnp.asarray(softmax["b"]), (0, extra), constant_values=PAD_BIAS)}
 
 
 def init_softmax(options: ElmoOptions, vocab_size: int, rng: jax.Array,

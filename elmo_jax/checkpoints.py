@@ -1,0 +1,114 @@
+"""A training run's orbax checkpoints: the one layout training writes and
+every reader of a model reads.
+
+    WORKDIR/checkpoints/STEP/params/  the parameters {"bilm", "softmax"} (softmax rows padded)
+    WORKDIR/checkpoints/STEP/train/   the rest of the TrainState: step, opt_state,
+                                      lstm_state, rng
+    WORKDIR/checkpoints/STEP/data/    every process's data position (JSON)
+
+The parameters are an item of their own so that reading a model needs no
+optimizer and no train step: their shapes come from the checkpoint's metadata.
+Saves are atomic: a step directory appears only once whole, so a process
+killed during a save resumes from the checkpoint before. They can be
+asynchronous (orbax copies the arrays to the host, then writes the files in
+threads while training goes on): by default on accelerators, whose host idles
+during a step; on a CPU host the step uses every core and the writes only slow
+it (BENCHMARKS.md, "Checkpoint saves").
+Checkpoints written before this layout (one `state/` item holding the whole
+TrainState) still resume and still open.
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+CHECKPOINT_DIR = "checkpoints"
+LEGACY_STATE_ITEM = "state"  # the layout before params/ and train/ (2026-11)
+TRAIN_FIELDS = ("step", "opt_state", "lstm_state", "rng")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing or cannot be read; the message says what to do."""
+
+
+def manager(workdir: str, max_to_keep: int = 3,
+            asynchronous: bool | None = None) -> ocp.CheckpointManager:
+    """The workdir's checkpoint manager; `asynchronous` None: when JAX's
+    backend is not the CPU."""
+    if asynchronous is None:
+        asynchronous = jax.default_backend() != "cpu"
+    return ocp.CheckpointManager(
+        os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR)),
+        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                             enable_async_checkpointing=asynchronous))
+
+
+def save(mngr: ocp.CheckpointManager, state, positions: list) -> None:
+    """Save `state` (a TrainState) and every process's data position (a
+    collective call). Asynchronous, it returns once the arrays are on the host
+    and the files are written in the background (`mngr.wait_until_finished()`
+    waits for them)."""
+    train = {k: getattr(state, k) for k in TRAIN_FIELDS}
+    mngr.save(int(state.step), args=ocp.args.Composite(
+        params=ocp.args.StandardSave(state.params), train=ocp.args.StandardSave(train),
+        data=ocp.args.JsonSave({"process_count": len(positions), "positions": positions})),
+        force=True)
+
+
+def _unreadable(where: str, e: Exception) -> CheckpointError:
+    first = str(e).splitlines()[0][:300] if str(e) else ""
+    return CheckpointError(
+        f"the checkpoint at {where} cannot be read ({type(e).__name__}: {first}). Nothing was "
+        "changed: move that step directory away to resume from an earlier checkpoint, or use "
+        "another --workdir.")
+
+
+def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
+    """(TrainState, {"process_count", "positions"}) of checkpoint `step`, laid
+    out as `abstract_state` (ShapeDtypeStructs with shardings) says."""
+    where = os.path.join(str(mngr.directory), str(step))
+    try:
+        if os.path.isdir(os.path.join(where, LEGACY_STATE_ITEM)):
+            out = mngr.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
+            return out["state"], out["data"]
+        train = {k: getattr(abstract_state, k) for k in TRAIN_FIELDS}
+        out = mngr.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract_state.params),
+            train=ocp.args.StandardRestore(train), data=ocp.args.JsonRestore()))
+    except Exception as e:  # orbax raises many kinds; all mean the same to the user
+        raise _unreadable(where, e) from None
+    return abstract_state.replace(params=out["params"], **out["train"]), out["data"]
+
+
+def latest_step(workdir: str) -> int | None:
+    """The newest whole checkpoint of `workdir` (None: none yet)."""
+    directory = os.path.join(workdir, CHECKPOINT_DIR)
+    if not os.path.isdir(directory):
+        return None
+    return ocp.CheckpointManager(os.path.abspath(directory)).latest_step()
+
+
+def read_params(workdir: str, step: int | None = None) -> tuple[int, dict]:
+    """(step, {"bilm": ..., "softmax": {"w": [R, P], "b": [R]}}) as numpy
+    arrays, from checkpoint `step` (default: the newest). Nothing of training
+    is built; the softmax keeps its padding rows (`softmax.unpad_softmax`)."""
+    step = latest_step(workdir) if step is None else step
+    if step is None:
+        raise CheckpointError(f"{workdir} has no checkpoint yet")
+    where = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR, str(step))
+    legacy = os.path.isdir(os.path.join(where, LEGACY_STATE_ITEM))
+    item = os.path.join(where, LEGACY_STATE_ITEM if legacy else "params")
+    checkpointer = ocp.PyTreeCheckpointer()
+    try:
+        tree = checkpointer.metadata(item).item_metadata.tree
+        wanted = {"params": tree["params"]} if legacy else tree
+        as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
+        params = checkpointer.restore(item, args=ocp.args.PyTreeRestore(
+            item=wanted, restore_args=as_numpy, partial_restore=legacy))
+    except Exception as e:
+        raise _unreadable(where, e) from None
+    return step, params["params"] if legacy else params

@@ -1,0 +1,82 @@
+"""Open a stored model, whatever form it has: `open_model(path)`.
+
+    a training workdir   WORKDIR/config.json, vocab.txt, checkpoints/STEP/params (the newest)
+    an export folder     DIR/options.json, weights.hdf5 [, vocab.txt, softmax.hdf5]
+    a weights hdf5       with options.json beside it, or `options=` (the published
+                         ELMo files are named *_weights.hdf5 and *_options.json)
+
+Every reader of a model opens it here: the embed and score commands,
+`Elmo.from_export`, the Flax modules' `from_export`, `train.py export` and
+`eval`, and fine-tuning's `data.init_from`. Opening a workdir reads the
+parameters item of its checkpoint and builds nothing of training.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import NamedTuple
+
+from elmo_jax import checkpoints
+from elmo_jax.checkpoints import CheckpointError
+from elmo_jax.config import Config, ConfigError, config_from_dict
+from elmo_jax.export import VOCAB_FILE, export_files, load_export
+from elmo_jax.options import ElmoOptions
+from elmo_jax.softmax import unpad_softmax
+from elmo_jax.vocab import Vocabulary
+
+CONFIG_FILE = "config.json"  # a training workdir's resolved config
+
+
+class StoredModel(NamedTuple):
+    options: ElmoOptions
+    params: dict                 # the biLM's parameters (numpy float32)
+    vocab: Vocabulary | None     # the softmax's words, where stored
+    softmax: dict | None         # {"w": [V, P], "b": [V]}, where stored
+    kind: str                    # "workdir", "export" or "weights"
+    step: int | None = None      # a workdir's checkpoint step
+    config: Config | None = None  # a workdir's resolved config
+
+
+def is_workdir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a training workdir (it holds config.json)."""
+    return os.path.isdir(path) and os.path.exists(os.path.join(path, CONFIG_FILE))
+
+
+def read_run(workdir: str) -> tuple[Config, Vocabulary]:
+    """The resolved config and the vocabulary of the run in `workdir`."""
+    path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.exists(path):
+        raise CheckpointError(f"{workdir} holds no training run (no {CONFIG_FILE})")
+    with open(path, encoding="utf-8") as fh:
+        try:
+            config = config_from_dict(json.load(fh))
+        except (ConfigError, ValueError) as e:
+            raise CheckpointError(f"{path}: {e}") from None
+    return config, Vocabulary.from_file(os.path.join(workdir, VOCAB_FILE))
+
+
+def model_options(path: str | os.PathLike, options: str | os.PathLike | None = None
+                  ) -> ElmoOptions:
+    """The options of the model stored at `path`, without reading its weights."""
+    path = os.fspath(path)
+    if is_workdir(path):
+        return read_run(path)[0].model
+    return ElmoOptions.from_json(export_files(path, options)[0])
+
+
+def open_model(path: str | os.PathLike, options: str | os.PathLike | None = None,
+               step: int | None = None) -> StoredModel:
+    """The model stored at `path` (see the module's docstring for the forms);
+    `options` names the options.json of a weights file, `step` a workdir's
+    checkpoint (default: the newest)."""
+    path = os.fspath(path)
+    if is_workdir(path):
+        if options is not None:
+            raise ConfigError(f"{path} is a training workdir: its options are its config.json")
+        config, vocab = read_run(path)
+        step, params = checkpoints.read_params(path, step)
+        return StoredModel(config.model, params["bilm"], vocab,
+                           unpad_softmax(params["softmax"], len(vocab)), "workdir", step, config)
+    exported = load_export(path, options)
+    return StoredModel(exported.options, exported.params, exported.vocab, exported.softmax,
+                       "export" if os.path.isdir(path) else "weights")
