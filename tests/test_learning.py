@@ -5,12 +5,13 @@ Real text: the Brown corpus through its recipe (npm; conftest's
 `brown_corpus`). The tiny model with bilm-tf's recipe, but a vocabulary of the
 20,000 most frequent words and 64 negative samples a step, so that after 300
 steps most softmax rows have never been drawn: there bilm-tf's start
-(`train.softmax_init=bilm-tf`, biases at 0) blows up at both seeds tested
-(held-out perplexity forward / backward: seed 0 576 / 3.8e11, seed 2
-590 / 1.5e10; seed 1, not tested, 572 / 570), against an add-one unigram
-model's 660. Each seed's two directions must beat that unigram model (computed
-here in float64) and lie within 2x of each other. Marked e2e (two short
-training runs).
+(`train.softmax_init=bilm-tf`, biases at 0) blows up at the seed tested
+(held-out perplexity forward / backward: seed 0 576 / 3.8e11; seed 2, also
+checked, 590 / 1.5e10; seed 1 572 / 570), against an add-one unigram model's
+660. Both directions must beat that unigram model (computed here in float64)
+and lie within 2x of each other. One seed: the suite's time is short, and
+learning across seeds is bench/learn.py's job. Marked e2e (a short training
+run).
 """
 import collections
 import math
@@ -50,7 +51,7 @@ def brown_lm(brown_corpus, tmp_path_factory):
     return train, str(d / "heldout.txt"), str(d / "vocab.txt"), math.exp(nll / n)
 
 
-@pytest.mark.parametrize("seed", [0, 2])
+@pytest.mark.parametrize("seed", [0])
 def test_a_young_bilm_beats_unigram_in_both_directions(brown_lm, tmp_path, seed):
     train, heldout, vocab, unigram = brown_lm
     config = load_config("tiny", [

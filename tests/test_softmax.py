@@ -36,6 +36,7 @@ def test_every_class_sampled_equals_full_softmax(problem):
     np.testing.assert_allclose(got, full_softmax_loss(w, b, h, LABELS), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_gradient_estimate_approaches_full_softmax_gradient(problem):
     w, b, h = problem
     full = jax.grad(lambda w, b, h: full_softmax_loss(w, b, h, LABELS).mean(), (0, 1, 2))(w, b, h)
@@ -84,6 +85,7 @@ def _critical_chi2(df, z=5.0):
     return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
 
 
+@pytest.mark.slow
 def test_exact_sampler_follows_the_log_uniform_law_at_lm1b_size():
     from elmo_jax.softmax import exact_log_uniform_draws
 
@@ -146,6 +148,7 @@ def test_chunked_full_softmax_equals_the_unchunked_loss_and_gradient():
             np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_training_sampler_inclusions_match_expected_counts_at_lm1b_size():
     """What training uses (`log_uniform_sample`, S = 8,192 as the original
     config): how often ids of each range, the top ids included, are among the

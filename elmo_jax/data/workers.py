@@ -12,6 +12,15 @@ from elmo_jax.data.sources import DataError, TextSource, list_shards
 from elmo_jax.vocab import Vocabulary
 
 
+def _relay(from_worker, to_main) -> None:
+    """Move a worker's batches from its process queue to a thread queue."""
+    try:
+        while True:
+            to_main.put(from_worker.get())
+    except (EOFError, OSError, ValueError):  # the queue was closed
+        return
+
+
 def _input_worker(out, pattern, words, rows, unroll_steps, max_chars, groups, widest_filter,
                   seed, index, count, position):
     """One input process: a Batcher over its own shards, batches put on `out`
@@ -61,14 +70,22 @@ class ParallelBatcher:
 
     def _start(self) -> None:
         import multiprocessing
+        import queue
+        import threading
 
         ctx = multiprocessing.get_context("spawn")  # the parent may run JAX's threads
-        self._queues = [ctx.Queue(maxsize=self.ahead) for _ in range(self.workers)]
+        self._queues = [queue.Queue(maxsize=1) for _ in range(self.workers)]
         for w, q in enumerate(self._queues):
+            from_worker = ctx.Queue(maxsize=self.ahead)
             p = ctx.Process(target=_input_worker, daemon=True,
-                            args=(q, *self.args, self.first + w, self.count, self.positions[w]))
+                            args=(from_worker, *self.args, self.first + w, self.count,
+                                  self.positions[w]))
             p.start()
             self._procs.append(p)
+            # A worker killed while it writes a batch leaves half a message in the pipe,
+            # and a read of it would never return: the reads happen in a thread, and
+            # `_get` waits on the thread's queue with a timeout, watching the worker.
+            threading.Thread(target=_relay, args=(from_worker, q), daemon=True).start()
 
     def __iter__(self):
         return self
