@@ -12,10 +12,12 @@ export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-accelerators.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --upgrade \
+		--target $(VENV)/accelerators -r requirements-accelerators.txt
 	touch $(STAMP)
 
 test: $(STAMP)

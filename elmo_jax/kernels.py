@@ -145,9 +145,11 @@ def _lstm_scan_bwd(cell_clip, proj_clip, unroll, residuals, cotangents):
 
 
 def _steps_last(a):
-    """[T, 2, K, B] -> [2, K, T B]: the steps and rows of the scan's layout as
-    one contiguous column axis, column t B + b."""
-    return jnp.transpose(a, (1, 2, 0, 3)).reshape(a.shape[1], a.shape[2], -1)
+    """[T, 2, K, B] -> [2, K, B T]: the rows and steps of the scan's layout as
+    one contiguous column axis, column b T + t. Rows major: split over a mesh,
+    the rows stay split in the merged axis (each device's columns one block);
+    steps major would make GSPMD gather every row to every device first."""
+    return jnp.transpose(a, (1, 2, 3, 0)).reshape(a.shape[1], a.shape[2], -1)
 
 
 lstm_scan.defvjp(_lstm_scan_fwd, _lstm_scan_bwd)
@@ -171,8 +173,8 @@ def input_gates(x, w_in):
 
 
 def _columns(x):
-    """[2, n, T, Pin] -> [2, Pin, T n], column t n + b."""
-    return jnp.transpose(x, (0, 3, 2, 1)).reshape(x.shape[0], x.shape[3], -1)
+    """[2, n, T, Pin] -> [2, Pin, n T], column b T + t (as `_steps_last`)."""
+    return jnp.transpose(x, (0, 3, 1, 2)).reshape(x.shape[0], x.shape[3], -1)
 
 
 def _input_gates_fwd(x, w_in):
@@ -184,9 +186,9 @@ def _input_gates_bwd(residuals, d_gates):
     x_cols, w_in = residuals
     T, _, _, n = d_gates.shape
     dt = w_in.dtype
-    d_cols = _steps_last(d_gates.astype(dt))                               # [2, 4D, T n]
+    d_cols = _steps_last(d_gates.astype(dt))                               # [2, 4D, n T]
     d_x = jnp.einsum("dpg,dgm->dpm", w_in, d_cols, preferred_element_type=jnp.float32)
-    d_x = jnp.transpose(d_x.reshape(2, -1, T, n), (0, 3, 2, 1))           # [2, n, T, Pin]
+    d_x = jnp.transpose(d_x.reshape(2, -1, n, T), (0, 2, 3, 1))           # [2, n, T, Pin]
     d_w = jnp.einsum("dpm,dgm->dpg", x_cols, d_cols, preferred_element_type=jnp.float32)
     return d_x.astype(x_cols.dtype), d_w.astype(dt)
 

@@ -41,3 +41,30 @@ def test_plan_reports_per_device_bytes_flops_and_epoch_time():
     assert train_flops_per_token(options, 1000, True) > train_flops_per_token(options, 1000, False)
     hours = split["steps_per_lm1b_epoch"] * split["flops_per_step"] / (4 * 494.7e12 * 0.4) / 3600
     assert split["lm1b_epoch_hours"]["H100-SXM"] == pytest.approx(hours, abs=0.006)
+
+
+def test_plan_for_a_tpu_slice_compiles_with_only_the_designed_collectives():
+    """--target v5e-8: the train step and embed compiled by libtpu's compiler
+    for 8 TPU v5e chips, data 4 x model 2 (nothing runs). The step's
+    collectives are the ones the design needs: the gradient all-reduce of the
+    replicated parameters, and the softmax shards' gather of the candidate and
+    label ids; no all-to-all or permute, and no gather of activations or of
+    the softmax matrix (the scan's [2, K, T B] columns once merged the split
+    batch axis under the time axis, and GSPMD gathered every row to every
+    chip: 26 all-gathers of activations a step). Quietly: libtpu lives apart
+    (.venv/accelerators) and is told there is no TPU to look for."""
+    r = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "plan", "--config",
+                        "tiny", "--vocab_size", "10000", "--target", "v5e-8", "--mesh", "model=2"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "TPU" not in r.stderr and "WARNING" not in r.stderr, r.stderr[-2000:]
+    p = json.loads(r.stdout.splitlines()[-1])
+    assert p["devices"] == "8 x TPU v5 lite (v5e-8, compile-only)" and p["fits"]
+    step = p["train_step"]
+    assert set(step["collectives"]) == {"all-reduce", "all-gather"}, step["collectives"]
+    # the gradients of the parameters a chip holds (the replicated biLM, its softmax shard
+    # over the data axis), and the step's few scalars
+    assert step["collectives"]["all-reduce"]["bytes"] <= 1.25 * p["per_device_bytes"]["params"]
+    assert step["collectives"]["all-gather"]["bytes"] <= 64 * 1024, step["collectives"]
+    assert p["embed"]["collectives"] == {} and p["embed"]["rows"] == 32
+    assert 0 < step["peak"] < p["target"]["hbm_bytes"]

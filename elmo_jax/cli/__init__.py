@@ -20,13 +20,14 @@ def run_cli(main) -> None:
     from elmo_jax.datasets.common import RecipeError
     from elmo_jax.options import OptionsError
     from elmo_jax.training import TrainingError
+    from elmo_jax.training.targets import TargetError
     from elmo_jax.vocab import VocabError
     from elmo_jax.weights import WeightsError
 
     try:
         sys.exit(main())
     except (ConfigError, DataError, OptionsError, RecipeError, VocabError, WeightsError,
-            TrainingError, CheckpointError, FileNotFoundError, UnicodeError) as e:
+            TrainingError, TargetError, CheckpointError, FileNotFoundError, UnicodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

@@ -10,6 +10,7 @@ export|vocab|score`; in a checkout, `python train.py ...`.
   python train.py vocab  --train_files 'data/*.txt' --out vocab.txt [--max_vocab N] [--min_count N]
   python train.py score  --model runs/tiny/export --input sentences.txt --output scores.jsonl
   python train.py plan   --config original --vocab_size 793471 --mesh data=8,model=8
+  python train.py plan   --config original --vocab_size 793471 --target v5e-8 --mesh model=8
 
 A run is one config file (model, train, data; see elmo_jax/config.py); `--set
 PATH=VALUE` overrides any field, and the flags below are shorthands for the
@@ -137,34 +138,57 @@ def _score(argv, prog):
 
 def _plan(argv, prog):
     ap = argparse.ArgumentParser(prog=prog, description=(
-        "Compile the train step ahead of time for a device mesh, simulated on this CPU "
-        "(nothing runs), and print the per-device bytes, FLOPs per step and the time of one "
-        "1B Word Benchmark epoch on named accelerators (elmo_jax/training/plan.py)."))
+        "Compile the train step ahead of time for a device mesh (nothing runs): simulated "
+        "on this CPU, or with --target for a TPU slice's own chips by libtpu's compiler; "
+        "print the per-device bytes, FLOPs per step, the collectives and the time of one "
+        "1B Word Benchmark epoch (elmo_jax/training/plan.py)."))
     ap.add_argument("--config", required=True, help="a config file or a shipped config's name")
     ap.add_argument("--vocab_size", type=int, required=True, help="softmax size, e.g. 793471")
-    ap.add_argument("--mesh", default="data=1,model=1", help="e.g. data=8,model=8")
+    ap.add_argument("--mesh", default="data=1,model=1",
+                    help="e.g. data=8,model=8; with --target only model=M (data: the rest)")
+    ap.add_argument("--target", help="a TPU slice: v4-32, v5e-8, v5e-64, v5e-256, v5p-128, "
+                    "v6e-8 (elmo_jax/training/targets.py)")
+    ap.add_argument("--per_device_batch", type=int,
+                    help="rows per device (bilm-tf's batch_size is per GPU): the global "
+                         "model.batch_size becomes this times the devices")
     ap.add_argument("--utilisation", type=float, default=0.4,
                     help="share of the peak matmul throughput assumed for the epoch time")
     ap.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                     help="override a config field (e.g. train.compute_dtype=bfloat16, "
                          "train.softmax=full)")
     args = ap.parse_args(argv)
+    target = None
+    if args.target:
+        from elmo_jax.training.targets import get_target
+
+        target = get_target(args.target)
     try:
         sizes = dict(part.split("=") for part in args.mesh.split(","))
-        n_data, n_model = int(sizes.pop("data", 1)), int(sizes.pop("model", 1))
+        if target is not None:
+            n_model = int(sizes.pop("model", 1))
+            sizes.pop("data", None)
+            n_data = target.chips // n_model
+            assert n_data * n_model == target.chips
+        else:
+            n_data, n_model = int(sizes.pop("data", 1)), int(sizes.pop("model", 1))
         assert not sizes and n_data > 0 and n_model > 0
     except (ValueError, AssertionError):
-        ap.error(f"--mesh takes data=D,model=M, got {args.mesh!r}")
+        ap.error(f"--mesh takes data=D,model=M (with --target: model=M dividing its chips), "
+                 f"got {args.mesh!r}")
     import jax
 
     # simulated devices: set before anything asks JAX for a device
     jax.config.update("jax_platforms", "cpu")
-    jax.config.update("jax_num_cpu_devices", n_data * n_model)
+    if target is None:
+        jax.config.update("jax_num_cpu_devices", n_data * n_model)
     from elmo_jax.config import load_config
     from elmo_jax.training.plan import plan
 
-    config = load_config(args.config, args.set)
-    print(json.dumps(plan(config, args.vocab_size, n_data, n_model, args.utilisation)))
+    sets = list(args.set)
+    if args.per_device_batch:
+        sets.append(f"model.batch_size={args.per_device_batch * n_data * n_model}")
+    config = load_config(args.config, sets)
+    print(json.dumps(plan(config, args.vocab_size, n_data, n_model, args.utilisation, target)))
 
 
 def main(argv=None, prog: str = "train.py"):

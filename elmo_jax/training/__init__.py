@@ -4,7 +4,9 @@
     partitioning.py  the Mesh, shardings, global batch, `create_train_step`
     workdir.py       saving and resuming checkpoints, the run's config, export, fine-tune loading
     loop.py          `train_and_evaluate(config, workdir)`, `evaluate`
-    plan.py          the train step compiled ahead of time for a mesh: bytes, FLOPs, epoch time
+    plan.py          the train step compiled ahead of time for a mesh: bytes, FLOPs, epoch time,
+                     collectives
+    targets.py       named TPU slices and their compile-only devices (libtpu's compiler)
 """
 from elmo_jax.training.loop import evaluate, evaluate_workdir, train_and_evaluate
 from elmo_jax.training.partitioning import (create_train_step, global_batch, make_mesh,

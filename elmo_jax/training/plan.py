@@ -1,8 +1,14 @@
-"""A plan before a pod: compile the train step ahead of time for a mesh (on
-simulated CPU devices: nothing runs) and report what each device must hold and
-what an epoch costs.
+"""A plan before a pod: compile the train step ahead of time for a mesh and
+report what each device must hold and what an epoch costs. Nothing runs: the
+devices are simulated CPU devices, or with `target` a TPU slice's own chips,
+compiled for by libtpu's compiler on this host (`targets.py`).
 
     python train.py plan --config original --vocab_size 793471 --mesh data=8,model=8
+    python train.py plan --config original --vocab_size 793471 --target v5e-8 --mesh model=8
+
+With a target the plan also gives the chip's memory (does the program fit),
+the collectives in the optimized program (kind, count, bytes), the target
+compiler's own FLOP count, and the `embed` program compiled for the same chips.
 
 Per device: the parameters, the optimizer state and the LSTM state (from the
 state's shardings), and the compiled program's own figures (arguments, outputs,
@@ -16,14 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import jax
 import numpy as np
 
-from elmo_jax.config import Config
+from elmo_jax.config import Config, ConfigError
 from elmo_jax.options import ElmoOptions
 from elmo_jax.shapes import round_up
 from elmo_jax.training.partitioning import batch_shardings, create_train_step, make_mesh
+from elmo_jax.training.targets import Target, compile_only_devices
 
 LM1B_TRAIN_TOKENS = 768_648_884
 
@@ -89,16 +97,87 @@ def _abstract_batch(options: ElmoOptions, mesh) -> dict:
             for k, (shape, dtype) in shapes.items()}
 
 
+_COLLECTIVE = re.compile(r"= (\(.*?\)|\S+) (all-reduce|all-gather|reduce-scatter|"
+                         r"collective-permute|all-to-all)(-start)?\(")
+_ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|bf16|f16|s32|u32|f32|s64|u64|f64)\[([0-9,]*)\]")
+_ITEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4,
+               "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+
+
+def collectives(hlo_text: str) -> dict:
+    """{kind: {"count", "bytes", "largest_bytes"}} of the collectives in an
+    optimized HLO module, as written (an op inside a loop body counts once);
+    an op's bytes are its result's per device (an asynchronous `-start` op's
+    tuple holds its operand and result: the larger array counts)."""
+    out: dict = {}
+    for line in hlo_text.splitlines():
+        m = _COLLECTIVE.search(line)
+        if not m:
+            continue
+        sizes = [_ITEM_BYTES[t] * int(np.prod([int(d) for d in dims.split(",") if d]))
+                 for t, dims in _ARRAY.findall(m.group(1))]
+        size = max(sizes, default=0) if m.group(3) and m.group(2) != "all-reduce" else sum(sizes)
+        entry = out.setdefault(m.group(2), {"count": 0, "bytes": 0, "largest_bytes": 0})
+        entry["count"] += 1
+        entry["bytes"] += size
+        entry["largest_bytes"] = max(entry["largest_bytes"], size)
+    return out
+
+
+def _compiled_figures(compiled) -> dict:
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list) else cost
+    return {"arguments": int(memory.argument_size_in_bytes),
+            "outputs": int(memory.output_size_in_bytes),
+            "temporaries": int(memory.temp_size_in_bytes),
+            "code": int(memory.generated_code_size_in_bytes),
+            "peak": int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+                        + memory.temp_size_in_bytes - memory.alias_size_in_bytes),
+            "compiler_flops": float(cost.get("flops", 0.0)),
+            "compiler_bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+            "collectives": collectives(compiled.as_text())}
+
+
+def embed_plan(options: ElmoOptions, mesh, rows: int, length: int = 20) -> dict:
+    """`embed` compiled for `rows` sentences of `length` tokens split over every
+    device of `mesh` (the biLM replicated): its per-device figures."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from elmo_jax.embedding import embed
+    from elmo_jax.model import init_params
+    from elmo_jax.softmax import ROWS
+
+    replicated = NamedSharding(mesh, P())
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
+                          jax.eval_shape(lambda: init_params(options, jax.random.PRNGKey(0))))
+    ids = jax.ShapeDtypeStruct((rows, length, options.char_cnn.max_characters_per_token),
+                               np.int32, sharding=NamedSharding(mesh, P(ROWS)))
+    compiled = embed.lower(params, ids, options).compile()
+    return {"rows": rows, "length": length, **_compiled_figures(compiled)}
+
+
 def plan(config: Config, vocab_size: int, n_data: int, n_model: int,
-         utilisation: float = 0.4) -> dict:
+         utilisation: float = 0.4, target: Target | None = None) -> dict:
     """Compile (never run) the train step for a data x model mesh; see the module."""
     n = n_data * n_model
-    if jax.device_count() < n:
-        raise ValueError(f"the mesh needs {n} devices, {jax.device_count()} are here (the plan "
+    if target is not None:
+        if n != target.chips:
+            raise ConfigError(f"the mesh data={n_data},model={n_model} is not the {target.chips} "
+                             f"chips of {target.name}")
+        if n_model > target.chips_per_host:
+            raise ConfigError(f"model={n_model} is more than the {target.chips_per_host} chips "
+                             f"of one {target.name} host")
+        devices = compile_only_devices(target)
+    elif jax.device_count() < n:
+        raise ConfigError(f"the mesh needs {n} devices, {jax.device_count()} are here (the plan "
                          "command simulates them on the CPU)")
+    else:
+        devices = jax.devices()[:n]
     options = config.model.replace(n_tokens_vocab=vocab_size)
     train = dataclasses.replace(config.train, mesh_model=n_model)
-    mesh = make_mesh(n_model, jax.devices()[:n])
+    mesh = make_mesh(n_model, devices)
     built = create_train_step(options, train, vocab_size, mesh)
     compiled = built.step.lower(built.abstract_state, _abstract_batch(options, mesh)).compile()
     memory = compiled.memory_analysis()
@@ -127,4 +206,23 @@ def plan(config: Config, vocab_size: int, n_data: int, n_model: int,
         "flops_per_step": flops, "tokens_per_step": tokens, "steps_per_lm1b_epoch": steps,
         "utilisation": utilisation,
         "lm1b_epoch_hours": epoch,
+        **(_target_report(target, compiled, steps, flops, utilisation, options, mesh)
+           if target is not None else {"devices": "simulated on the CPU"}),
     }
+
+
+def _target_report(target: Target, compiled, steps: int, flops: float, utilisation: float,
+                   options: ElmoOptions, mesh) -> dict:
+    """What a target adds to the plan: the chip, whether the step fits its
+    memory, the compiled step's collectives and the compiler's FLOPs, the epoch
+    at the chip's peak, and the embed program for the same chips."""
+    step = _compiled_figures(compiled)
+    hbm = int(target.hbm_gib * 2 ** 30)
+    hours = steps * flops / (target.chips * target.peak_tflops * 1e12 * utilisation) / 3600
+    return {"devices": f"{target.chips} x {target.chip} ({target.name}, compile-only)",
+            "target": {"name": target.name, "chip": target.chip, "chips": target.chips,
+                       "chips_per_host": target.chips_per_host, "hbm_bytes": hbm,
+                       "peak_tflops_bf16": target.peak_tflops},
+            "train_step": step, "fits": step["peak"] <= hbm,
+            "lm1b_epoch_hours_on_target": round(hours, 2),
+            "embed": embed_plan(options, mesh, round_up(options.batch_size, mesh.size))}
