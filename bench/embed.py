@@ -30,6 +30,18 @@ def allennlp_paths():
     return _common.peer_dir("allennlp"), os.path.join(venv, "bin", "python"), venv
 
 
+def peer_harness():
+    """The AllenNLP peer's bench_embed.py (numpy only: its sentences, batches
+    and timer), loaded from the peer's folder, so both sides read the same input."""
+    import importlib.util
+
+    path = os.path.join(allennlp_paths()[0], "bench_embed.py")
+    spec = importlib.util.spec_from_file_location("peer_bench_embed", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def weights_for(config: str) -> tuple[str, str]:
     """(options.json, lm_weights.hdf5): random weights for the config's model,
     made once by the peer's make_weights.py (which AllenNLP then loads)."""
@@ -67,8 +79,7 @@ def worker(config: str, dtype: str) -> dict:
     """One elmo-jax measurement, in its own process."""
     import jax.numpy as jnp
 
-    sys.path.insert(0, allennlp_paths()[0])
-    import bench_embed as be  # the peer's numpy-only input and timer
+    be = peer_harness()  # the peer's numpy-only input and timer
 
     import elmo_jax
 

@@ -170,16 +170,14 @@ def train_floor(config_name, dtype, repeats):
 
 def embed_floor(config_name, dtype, repeats):
     import jax.numpy as jnp
-
     import numpy as np
 
-    from elmo_jax.chars import token_to_char_ids, trim_padding
-    from elmo_jax.shapes import bucket, round_up
-    from elmo_jax.model import packed_segments
-
     from bench import embed as bench_embed
-    sys.path.insert(0, bench_embed.allennlp_paths()[0])
-    import bench_embed as be  # the peer's sentences
+    from elmo_jax.chars import token_to_char_ids, trim_padding
+    from elmo_jax.model import packed_segments
+    from elmo_jax.shapes import bucket, round_up
+
+    be = bench_embed.peer_harness()  # the peer's sentences
 
     options = _common.load_config(config_name).model
     batches = be.make_batches(be.load_bench_sentences(), 32)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from bench import _common
 
@@ -122,8 +121,8 @@ def embed_breakdown(config: str) -> dict:
     from elmo_jax.shapes import round_up
 
     from bench import embed as bench_embed
-    sys.path.insert(0, bench_embed.allennlp_paths()[0])
-    import bench_embed as be
+
+    be = bench_embed.peer_harness()
 
     options_file, weights_file = bench_embed.weights_for(config)
     options = ElmoOptions.from_json(options_file)
