@@ -66,3 +66,17 @@ def test_softmax_starts_as_the_samplers_unigram_model_or_as_bilm_tf():
     bilm_tf = init_train_state(options, TrainConfig(softmax_init="bilm-tf"), V).params["softmax"]
     assert np.all(np.asarray(bilm_tf["b"])[:V] == 0.0)
     np.testing.assert_array_equal(bilm_tf["w"], params["w"])  # the same rows either way
+
+
+def test_a_large_softmax_is_split_within_one_host_by_default():
+    """train.mesh_model 0: the 1B Word Benchmark's softmax is split over the
+    largest power of two up to 8 that divides the devices and fits one host
+    (the shards exchange rows every step: never across hosts by default)."""
+    from elmo_jax.config import load_config
+    from elmo_jax.training.partitioning import auto_mesh_model
+
+    original = load_config("original").model
+    assert auto_mesh_model(793_471, original, 64) == 8
+    assert auto_mesh_model(793_471, original, 64, devices_per_host=4) == 4
+    assert auto_mesh_model(793_471, original, 12) == 4
+    assert auto_mesh_model(10_000, original, 64) == 1  # a small softmax stays whole

@@ -146,8 +146,9 @@ def _plan(argv, prog):
     ap.add_argument("--vocab_size", type=int, required=True, help="softmax size, e.g. 793471")
     ap.add_argument("--mesh", default="data=1,model=1",
                     help="e.g. data=8,model=8; with --target only model=M (data: the rest)")
-    ap.add_argument("--target", help="a TPU slice: v4-32, v5e-8, v5e-64, v5e-256, v5p-128, "
-                    "v6e-8 (elmo_jax/training/targets.py)")
+    ap.add_argument("--target", help="a TPU slice (v4-32, v5e-8, v5e-64, v5e-256, v5p-128, "
+                    "v6e-8) or GPU hosts (h100x8, h100x64, a100x8): compiled by its own "
+                    "compiler, compile-only (elmo_jax/training/targets.py)")
     ap.add_argument("--per_device_batch", type=int,
                     help="rows per device (bilm-tf's batch_size is per GPU): the global "
                          "model.batch_size becomes this times the devices")

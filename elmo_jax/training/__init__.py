@@ -6,7 +6,7 @@
     loop.py          `train_and_evaluate(config, workdir)`, `evaluate`
     plan.py          the train step compiled ahead of time for a mesh: bytes, FLOPs, epoch time,
                      collectives
-    targets.py       named TPU slices and their compile-only devices (libtpu's compiler)
+    targets.py       named TPU slices and GPU hosts, and their compile-only devices
 """
 from elmo_jax.training.loop import evaluate, evaluate_workdir, train_and_evaluate
 from elmo_jax.training.partitioning import (create_train_step, global_batch, make_mesh,

@@ -29,15 +29,17 @@ from elmo_jax.training.steps import TrainState, init_train_state, make_optimizer
 LARGE_SOFTMAX = 2 ** 24  # parameters of the softmax matrix from which it is split by default
 
 
-def auto_mesh_model(vocab_size: int, options: ElmoOptions, n_devices: int) -> int:
+def auto_mesh_model(vocab_size: int, options: ElmoOptions, n_devices: int,
+                    devices_per_host: int = 8) -> int:
     """`train.mesh_model: 0`: 1 for a small softmax; for a large one (the 1B Word
-    Benchmark's 793,471 x 512 words) the largest power of two up to 8 that
+    Benchmark's 793,471 x 512 words) the largest power of two up to 8, and up
+    to one host's devices (the softmax shards exchange rows every step), that
     divides the devices, so that the matrix, its gradient and its Adagrad
     accumulator are split and its rows never gathered."""
     if vocab_size * options.lstm.projection_dim < LARGE_SOFTMAX:
         return 1
     m = 1
-    while m * 2 <= 8 and n_devices % (m * 2) == 0:
+    while m * 2 <= min(8, devices_per_host) and n_devices % (m * 2) == 0:
         m *= 2
     return m
 
@@ -56,7 +58,8 @@ def train_mesh(options: ElmoOptions, config: TrainConfig, vocab_size: int) -> Me
     """The mesh training runs on: every device, `config.mesh_model` of them on
     the model axis (0: `auto_mesh_model`)."""
     return make_mesh(config.mesh_model
-                     or auto_mesh_model(vocab_size, options, jax.device_count()))
+                     or auto_mesh_model(vocab_size, options, jax.device_count(),
+                                        jax.local_device_count()))
 
 
 def state_shardings(abstract_state: TrainState, mesh: Mesh) -> TrainState:

@@ -3,15 +3,19 @@ compiled for, by the accelerator's own compiler on this CPU host
 (compile-only devices: nothing runs), with each chip's memory and peak.
 
 TPU slices are compiled for by libtpu (the version jax's `tpu` extra pins),
-which `make` installs apart from the environment, in .venv/accelerators: in
-site-packages it would make every JAX start look for a TPU and warn. Figures
-are the vendors' published specs per chip: HBM, and dense bf16 peak TFLOP/s.
+GPU hosts by the CUDA PJRT plugin (jax-cuda12-plugin and -pjrt, no CUDA
+libraries needed to compile) given XLA's description of the GPU. `make`
+installs both apart from the environment, in .venv/accelerators: in
+site-packages they would make every JAX start look for a TPU or a GPU and
+warn. Figures are the vendors' published specs per chip: memory, and dense
+bf16 peak TFLOP/s.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import os
+import site
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +28,7 @@ class Target:
     hbm_gib: float           # per chip
     peak_tflops: float       # per chip, dense bf16 (float32 matmuls run as bf16 passes)
     chip: str
+    gpu: str | None = None   # a GPU's key in GPU_DEVICE_INFO
 
 
 TARGETS = {t.name: t for t in [
@@ -37,7 +42,48 @@ TARGETS = {t.name: t for t in [
     Target("v5p-128", "tpu", "v5p:4x4x4", 64, 4, 95.0, 459.0, "TPU v5p"),
     # Cloud TPU v6e (Trillium): 32 GiB HBM, 918 TFLOP/s bf16; v6e-8 is one host of 8
     Target("v6e-8", "tpu", "v6e:2x4", 8, 8, 32.0, 918.0, "TPU v6e"),
+    # NVIDIA H100 SXM5 80 GB: 989.4 TFLOP/s bf16 dense; hosts of 8 (topology hosts x 8)
+    Target("h100x8", "cuda", "1x1x8", 8, 8, 79.1, 989.4, "NVIDIA H100 80GB HBM3", "h100"),
+    Target("h100x64", "cuda", "1x8x8", 64, 8, 79.1, 989.4, "NVIDIA H100 80GB HBM3", "h100"),
+    # NVIDIA A100 SXM4 80 GB: 312 TFLOP/s bf16 dense
+    Target("a100x8", "cuda", "1x1x8", 8, 8, 79.3, 312.0, "NVIDIA A100-SXM4-80GB", "a100"),
 ]}
+
+# What XLA's GPU compiler needs to know of a GPU it cannot see: the device
+# descriptions of XLA's own tools (xla/tools/hlo_opt/gpu_specs/h100_sxm.txtpb and
+# a100_sxm_80.txtpb), as fields.
+GPU_DEVICE_INFO = {
+    "h100": {"core_count": 132, "fpus_per_core": 128, "shared_memory_per_core": 233472,
+             "shared_memory_per_block_optin": 232448, "memory_bandwidth": 3352320000000,
+             "l2_cache_size": 52428800, "clock_rate_ghz": 1.98,
+             "device_memory_size": 84978434048, "compute_capability": 9,
+             "description": "NVIDIA H100 80GB HBM3"},
+    "a100": {"core_count": 108, "fpus_per_core": 64, "shared_memory_per_core": 167936,
+             "shared_memory_per_block_optin": 166912, "memory_bandwidth": 2039040000000,
+             "l2_cache_size": 41943040, "clock_rate_ghz": 1.41,
+             "device_memory_size": 85100068864, "compute_capability": 8,
+             "description": "NVIDIA A100-SXM4-80GB"},
+}
+
+
+def gpu_target_config(gpu: str) -> str:
+    """XLA's GpuTargetConfig text for one of GPU_DEVICE_INFO's GPUs."""
+    d = GPU_DEVICE_INFO[gpu]
+    fields = {"threads_per_block_limit": 1024, "threads_per_warp": 32,
+              "shared_memory_per_block": 49152,
+              "shared_memory_per_core": d["shared_memory_per_core"],
+              "threads_per_core_limit": 2048, "core_count": d["core_count"],
+              "fpus_per_core": d["fpus_per_core"], "block_dim_limit_x": 2147483647,
+              "block_dim_limit_y": 65535, "block_dim_limit_z": 65535,
+              "memory_bandwidth": d["memory_bandwidth"], "l2_cache_size": d["l2_cache_size"],
+              "clock_rate_ghz": d["clock_rate_ghz"],
+              "device_memory_size": d["device_memory_size"],
+              "shared_memory_per_block_optin": d["shared_memory_per_block_optin"]}
+    body = "".join(f"  {k}: {v}\n" for k, v in fields.items())
+    body += (f"  cuda_compute_capability {{ major: {d['compute_capability']} }}\n"
+             "  registers_per_core_limit: 65536\n  registers_per_block_limit: 65536\n")
+    return (f"gpu_device_info {{\n{body}}}\nplatform_name: \"CUDA\"\n"
+            f"device_description_str: \"{d['description']}\"\n")
 
 # a CPU host has no TPU: these keep libtpu from looking for one (and warning)
 _COMPILE_ONLY_ENV = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v5litepod-8",
@@ -48,17 +94,44 @@ class TargetError(ValueError):
     """A target that is not named here or whose compiler is not installed."""
 
 
+def accelerators_dir() -> str:
+    """Where `make` installs the compilers: the checkout's .venv/accelerators
+    ($ELMO_JAX_ACCELERATORS elsewhere)."""
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.environ.get("ELMO_JAX_ACCELERATORS") or os.path.join(checkout, ".venv",
+                                                                   "accelerators")
+
+
 def libtpu_path() -> str | None:
-    """libtpu.so: $TPU_LIBRARY_PATH, an installed `libtpu`, or the checkout's
-    .venv/accelerators (what `make` installs)."""
+    """libtpu.so: $TPU_LIBRARY_PATH, an installed `libtpu`, or accelerators_dir()."""
     if os.environ.get("TPU_LIBRARY_PATH"):
         return os.environ["TPU_LIBRARY_PATH"]
     spec = importlib.util.find_spec("libtpu")
     if spec is not None and spec.submodule_search_locations:
         return os.path.join(list(spec.submodule_search_locations)[0], "libtpu.so")
-    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.path.join(checkout, ".venv", "accelerators", "libtpu", "libtpu.so")
+    path = os.path.join(accelerators_dir(), "libtpu", "libtpu.so")
     return path if os.path.exists(path) else None
+
+
+def _cuda_plugin_devices(target: Target) -> list:
+    from jax.experimental import topologies
+
+    try:
+        installed = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:  # no jax_plugins namespace at all
+        installed = False
+    if not installed:
+        where = accelerators_dir()
+        if not os.path.isdir(os.path.join(where, "jax_plugins", "xla_cuda12")):
+            raise TargetError(f"--target {target.name} needs the CUDA PJRT plugin's compiler: "
+                              "run `make venv` (it installs requirements-accelerators.txt into "
+                              ".venv/accelerators) or pip install jax-cuda12-plugin==0.10.2 "
+                              "jax-cuda12-pjrt==0.10.2")
+        site.addsitedir(where)  # JAX finds the plugin in the jax_plugins namespace
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # no CUDA runtime here
+    return list(topologies.get_topology_desc(platform="cuda", topology_name=target.gpu,
+                                             target_config=gpu_target_config(target.gpu),
+                                             topology=target.topology).devices)
 
 
 def get_target(name: str) -> Target:
@@ -72,6 +145,11 @@ def compile_only_devices(target: Target) -> list:
     before this process asks JAX for a TPU backend)."""
     from jax.experimental import topologies
 
+    if target.platform == "cuda":
+        devices = _cuda_plugin_devices(target)
+        if len(devices) != target.chips:
+            raise TargetError(f"{target.topology} has {len(devices)} devices, not {target.chips}")
+        return devices
     path = libtpu_path()
     if path is None or not os.path.exists(path):
         raise TargetError(f"--target {target.name} needs libtpu's compiler: run `make venv` "
