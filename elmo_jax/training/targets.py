@@ -32,8 +32,10 @@ class Target:
 
 
 TARGETS = {t.name: t for t in [
-    # Cloud TPU v4: 32 GiB HBM2, 275 TFLOP/s bf16; a v4-32 slice is 16 chips (2 cores each)
-    Target("v4-32", "tpu", "v4:2x2x4", 16, 4, 32.0, 275.0, "TPU v4"),
+    # Cloud TPU v4: 32 GiB HBM2, 275 TFLOP/s bf16 per chip; a v4-32 slice is 16 chips,
+    # 4 a host, and the compiler sees each chip's 2 TensorCores as devices: 32 of
+    # them, each with half a chip's memory and peak
+    Target("v4-32", "tpu", "v4:2x2x4", 32, 8, 16.0, 137.5, "TPU v4"),
     # Cloud TPU v5e: 16 GiB HBM2e, 197 TFLOP/s bf16; v5e-8 is one host of 8 chips
     Target("v5e-8", "tpu", "v5e:2x4", 8, 8, 16.0, 197.0, "TPU v5 lite"),
     Target("v5e-64", "tpu", "v5e:8x8", 64, 4, 16.0, 197.0, "TPU v5 lite"),
