@@ -74,3 +74,8 @@ def test_plan_for_an_accelerator_compiles_with_only_the_designed_collectives(tar
     assert step["collectives"]["all-gather"]["bytes"] <= 64 * 1024, step["collectives"]
     assert p["embed"]["collectives"] == {} and p["embed"]["rows"] == 32
     assert 0 < step["peak"] < p["target"]["hbm_bytes"]
+    at = p["lm1b_epoch_hours_at"]  # the model's FLOPs at a share of the chips' bf16 peak
+    hours = p["steps_per_lm1b_epoch"] * p["flops_per_step"] / (8 * p["target"]["peak_tflops_bf16"]
+                                                               * 1e12 * 0.6) / 3600
+    assert at["60%"] == pytest.approx(hours, rel=1e-3) and at["40%"] == pytest.approx(1.5 * hours,
+                                                                                  rel=1e-3)

@@ -218,11 +218,15 @@ def _target_report(target: Target, compiled, steps: int, flops: float, utilisati
     at the chip's peak, and the embed program for the same chips."""
     step = _compiled_figures(compiled)
     hbm = int(target.hbm_gib * 2 ** 30)
-    hours = steps * flops / (target.chips * target.peak_tflops * 1e12 * utilisation) / 3600
+    def hours(u: float) -> float:  # 4 significant digits
+        seconds = steps * flops / (target.chips * target.peak_tflops * 1e12 * u)
+        return float(f"{seconds / 3600:.4g}")
+
     return {"devices": f"{target.chips} x {target.chip} ({target.name}, compile-only)",
             "target": {"name": target.name, "chip": target.chip, "chips": target.chips,
                        "chips_per_host": target.chips_per_host, "hbm_bytes": hbm,
                        "peak_tflops_bf16": target.peak_tflops},
             "train_step": step, "fits": step["peak"] <= hbm,
-            "lm1b_epoch_hours_on_target": round(hours, 2),
+            "lm1b_epoch_hours_on_target": hours(utilisation),
+            "lm1b_epoch_hours_at": {"40%": hours(0.4), "60%": hours(0.6)},
             "embed": embed_plan(options, mesh, round_up(options.batch_size, mesh.size))}
