@@ -360,7 +360,7 @@ def _loop(config, vocab, workdir, state, step_fn, feed, rewind, mngr, stop, last
     window = _Window(t_start)
     signalled = False
     skipped = 0
-    saved_at = {last_saved: 0}  # step of a checkpoint -> number of batches read before it
+    saved_count = 0  # batches read before the last checkpoint (or the start)
     bar = _Progress(step, max_steps, tc.max_seconds, progress)
     try:
         batch, position, number = feed.next()
@@ -388,7 +388,7 @@ def _loop(config, vocab, workdir, state, step_fn, feed, rewind, mngr, stop, last
                            f"{last_saved or 0} and past that batch ({skipped} of "
                            f"{tc.nonfinite_skips} skips)", file=sys.stderr)
                 state = rewind(last_saved)
-                feed.count, step = saved_at[last_saved], last_saved or 0
+                feed.count, step = saved_count, last_saved or 0
                 feed.skip.add(used)
                 batch, position, number = feed.next()
                 continue
@@ -408,7 +408,7 @@ def _loop(config, vocab, workdir, state, step_fn, feed, rewind, mngr, stop, last
                 bar.update(step)
             if step % tc.checkpoint_every == 0 or stopping:
                 save_checkpoint(mngr, state, state_position)
-                last_saved, saved_at[step] = step, used
+                last_saved, saved_count = step, used
             # a preemption notice leaves seconds: after a signal, only the checkpoint
             if eval_files and tc.eval_every and step % tc.eval_every == 0 and not signalled:
                 last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files,
@@ -427,7 +427,6 @@ def _loop(config, vocab, workdir, state, step_fn, feed, rewind, mngr, stop, last
                 break
         if step == max_steps and last_saved != step:
             save_checkpoint(mngr, state, state_position)
-            last_saved = step
         if eval_files and not signalled and not (tc.eval_every and step % tc.eval_every == 0):
             last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files,
                                              feed.mesh)}

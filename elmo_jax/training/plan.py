@@ -180,7 +180,7 @@ def plan(config: Config, vocab_size: int, n_data: int, n_model: int,
     mesh = make_mesh(n_model, devices)
     built = create_train_step(options, train, vocab_size, mesh)
     compiled = built.step.lower(built.abstract_state, _abstract_batch(options, mesh)).compile()
-    memory = compiled.memory_analysis()
+    step = _compiled_figures(compiled)
     state = built.abstract_state
     tokens = options.batch_size * options.unroll_steps
     full = train.softmax == "full" or options.sample_softmax is False
@@ -197,27 +197,24 @@ def plan(config: Config, vocab_size: int, n_data: int, n_model: int,
             "params": _per_device_bytes(state.params),
             "optimizer_state": _per_device_bytes(state.opt_state),
             "lstm_state": _per_device_bytes(state.lstm_state),
-            "compiled_arguments": int(memory.argument_size_in_bytes),
-            "compiled_outputs": int(memory.output_size_in_bytes),
-            "compiled_temporaries": int(memory.temp_size_in_bytes),
-            "compiled_peak": int(memory.argument_size_in_bytes + memory.output_size_in_bytes
-                                 + memory.temp_size_in_bytes - memory.alias_size_in_bytes),
+            **{f"compiled_{k}": step[k] for k in ("arguments", "outputs", "temporaries",
+                                                   "peak")},
         },
         "flops_per_step": flops, "tokens_per_step": tokens, "steps_per_lm1b_epoch": steps,
         "utilisation": utilisation,
         "lm1b_epoch_hours": epoch,
-        **(_target_report(target, compiled, steps, flops, utilisation, options, mesh)
+        **(_target_report(target, step, steps, flops, utilisation, options, mesh)
            if target is not None else {"devices": "simulated on the CPU"}),
     }
 
 
-def _target_report(target: Target, compiled, steps: int, flops: float, utilisation: float,
+def _target_report(target: Target, step: dict, steps: int, flops: float, utilisation: float,
                    options: ElmoOptions, mesh) -> dict:
     """What a target adds to the plan: the chip, whether the step fits its
     memory, the compiled step's collectives and the compiler's FLOPs, the epoch
     at the chip's peak, and the embed program for the same chips."""
-    step = _compiled_figures(compiled)
     hbm = int(target.hbm_gib * 2 ** 30)
+
     def hours(u: float) -> float:  # 4 significant digits
         seconds = steps * flops / (target.chips * target.peak_tflops * 1e12 * u)
         return float(f"{seconds / 3600:.4g}")

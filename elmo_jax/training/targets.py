@@ -142,16 +142,9 @@ def get_target(name: str) -> Target:
     return TARGETS[name]
 
 
-def compile_only_devices(target: Target) -> list:
-    """The target's chips as JAX devices that compile but never run (call
-    before this process asks JAX for a TPU backend)."""
+def _libtpu_devices(target: Target) -> list:
     from jax.experimental import topologies
 
-    if target.platform == "cuda":
-        devices = _cuda_plugin_devices(target)
-        if len(devices) != target.chips:
-            raise TargetError(f"{target.topology} has {len(devices)} devices, not {target.chips}")
-        return devices
     path = libtpu_path()
     if path is None or not os.path.exists(path):
         raise TargetError(f"--target {target.name} needs libtpu's compiler: run `make venv` "
@@ -160,9 +153,14 @@ def compile_only_devices(target: Target) -> list:
     os.environ["TPU_LIBRARY_PATH"] = path
     for key, value in _COMPILE_ONLY_ENV.items():
         os.environ.setdefault(key, value)
-    topology = topologies.get_topology_desc(platform=target.platform,
-                                            topology_name=target.topology)
-    devices = list(topology.devices)
+    return list(topologies.get_topology_desc(platform="tpu",
+                                             topology_name=target.topology).devices)
+
+
+def compile_only_devices(target: Target) -> list:
+    """The target's chips as JAX devices that compile but never run (call
+    before this process asks JAX for a TPU or GPU backend)."""
+    devices = (_cuda_plugin_devices if target.platform == "cuda" else _libtpu_devices)(target)
     if len(devices) != target.chips:
         raise TargetError(f"{target.topology} has {len(devices)} devices, not {target.chips}")
     return devices
