@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
+from jax.experimental import mesh_utils, multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -44,14 +44,45 @@ def auto_mesh_model(vocab_size: int, options: ElmoOptions, n_devices: int,
     return m
 
 
-def make_mesh(mesh_model: int = 1, devices=None) -> Mesh:
-    """A ("data", "model") mesh of `devices` (default: all) with `mesh_model`
-    devices on the model axis."""
-    devices = list(devices if devices is not None else jax.devices())
+def device_grid(devices, mesh_model: int) -> np.ndarray:
+    """`devices` as a [data, model] grid that fits the hardware: each host's
+    devices a block of whole rows (the model axis inside a host, where its
+    exchanges stay on the host's own links, and each process's batch rows one
+    contiguous block), and within a host the order of its interconnect
+    (`mesh_utils.create_device_mesh`: a TPU host's chips in ring order). Falls
+    back to the given order where hosts differ in size, the model axis is wider
+    than a host, or the topology has no ring order for the shape (TPU v4's
+    two TensorCores a chip)."""
+    devices = list(devices)
     if len(devices) % mesh_model:
         raise ValueError(f"mesh_model={mesh_model} does not divide the {len(devices)} devices")
-    grid = np.array(devices).reshape(len(devices) // mesh_model, mesh_model)
-    return Mesh(grid, ("data", "model"))
+    hosts: dict = {}
+    for d in devices:
+        hosts.setdefault(d.process_index, []).append(d)
+    sizes = {len(h) for h in hosts.values()}
+    if len(sizes) != 1 or sizes.pop() % mesh_model:
+        return np.array(devices).reshape(-1, mesh_model)
+    blocks = []
+    for _, host in sorted(hosts.items(), key=lambda kv: kv[0]):
+        try:
+            blocks.append(mesh_utils.create_device_mesh((len(host) // mesh_model, mesh_model),
+                                                        host, allow_split_physical_axes=True))
+        except (ValueError, NotImplementedError, AssertionError):
+            blocks.append(np.array(host).reshape(-1, mesh_model))
+    return np.concatenate(blocks, axis=0)
+
+
+def make_mesh(mesh_model: int = 1, devices=None) -> Mesh:
+    """A ("data", "model") mesh of `devices` (default: all) with `mesh_model`
+    devices on the model axis, laid out by `device_grid`."""
+    devices = list(devices if devices is not None else jax.devices())
+    return Mesh(device_grid(devices, mesh_model), ("data", "model"))
+
+
+def model_axis_hosts(mesh: Mesh) -> int:
+    """The most hosts any one model-axis group spans (1: every group in one host)."""
+    grid = mesh.devices.reshape(-1, mesh.shape["model"])
+    return max(len({d.process_index for d in row}) for row in grid)
 
 
 def train_mesh(options: ElmoOptions, config: TrainConfig, vocab_size: int) -> Mesh:
