@@ -116,13 +116,13 @@ def _device_run(files, workdir, n_devices, mesh_model=1, softmax="sampled"):
 
 
 def test_one_device_and_eight_devices_give_the_same_losses(tmp_path):
-    """8 simulated devices, data x model = 4x2 and 2x4 (the batch rows over all
-    8, the softmax rows
-    split over `model`, its candidates and labels gathered from the shards, the
-    full softmax's logsumexp combined across them), sampled and exact full
-    softmax (in vocabulary chunks): the losses of one device."""
+    """8 simulated devices, data x model = 8x1, 4x2 and 2x4 (the batch rows over
+    all 8, the softmax rows split over `model`, its candidates and labels
+    gathered from the shards, the full softmax's logsumexp combined across
+    them; with model 1 each device's rows from its own whole copy), sampled
+    and exact full softmax (in vocabulary chunks): the losses of one device."""
     files = write_grammar_corpus(tmp_path / "data")
-    for softmax, meshes in (("sampled", (2, 4)), ("full", (2, 4))):
+    for softmax, meshes in (("sampled", (1, 4)), ("full", (1, 2))):
         one = _device_run(files, tmp_path / f"one-{softmax}", 1, softmax=softmax)
         assert one["devices"] == 1 and len(one["losses"]) == 5
         for model in meshes:

@@ -129,14 +129,18 @@ def softmax_losses(params, top, targets, rng, options: ElmoOptions, config: Trai
     """Per-prediction losses [2, N] of the top layer [2, B, U, P] against the
     targets [2, B, U]: the sampled softmax (one sampler per direction), or the
     exact full one (with `full`, `train.softmax: full` or when the sample would
-    cover the vocabulary), computed in vocabulary chunks. With a mesh whose
-    "model" axis has several devices the softmax rows stay on their shards."""
+    cover the vocabulary), computed in vocabulary chunks. With a mesh of
+    several devices the softmax rows stay on their shards (of the "model" axis)."""
     hidden = top.reshape(2, -1, options.lstm.projection_dim)
     labels = targets.reshape(2, -1)
     w, b = params["softmax"]["w"], params["softmax"]["b"]
     V = options.n_tokens_vocab or w.shape[0]
     S = options.n_negative_samples_batch
-    split = mesh is not None and mesh.shape["model"] > 1
+    # on several devices the rows come from each device's own shard of the
+    # softmax (shard_map; with model=1 a local gather): left to GSPMD, the
+    # gather's gradient, a scatter-add into the replicated matrix, is
+    # partitioned with all-to-alls and permutes of the ids
+    split = mesh is not None and mesh.size > 1
     if full or config.softmax == "full" or options.sample_softmax is False or S >= V:
         if split:
             return sharded_full_softmax_loss(w, b, hidden, labels, mesh, config.softmax_chunk)
