@@ -6,7 +6,10 @@ prints one line per measurement and a final JSON line.
 
 Reported per run: tokens/s (median step), achieved TFLOP/s of useful work
 (forward: token encoder + LSTMs; training: 3x the forward plus the sampled
-softmax), and the device's peak memory. Goals (issue): training >= 200k
+softmax), and the device's peak memory; beside them, the plan's prediction
+(`train.py plan --target`'s figures for this chip: the same program's
+compiled peak bytes, and the step time at 40% and 60% of the chip's peak,
+`elmo_jax/training/targets.py`). Goals (issue): training >= 200k
 tokens/s (an epoch of the 1B Word Benchmark in under an hour), embed >= 1M
 tokens/s. Synthetic data: random tokens of real-looking lengths, since only
 speed is measured here.
@@ -25,6 +28,25 @@ def peak_memory_gib() -> float | None:
     stats = jax.devices()[0].memory_stats() or {}
     peak = stats.get("peak_bytes_in_use")
     return round(peak / 2**30, 2) if peak else None
+
+
+def prediction(compiled, flops: float, dtype: str) -> dict:
+    """What the plan predicts of a compiled program on this device: its peak
+    bytes (XLA's memory analysis) and, for a chip in the targets' table, the
+    step time at 40% and 60% of the chip's peak for `dtype` matmuls."""
+    import jax
+
+    from elmo_jax.training.plan import compiled_figures
+    from elmo_jax.training.targets import chip_target
+
+    figures = compiled_figures(compiled)
+    out = {"predicted_peak_memory_gib": round(figures["peak"] / 2**30, 2)}
+    target = chip_target(jax.devices()[0].device_kind)
+    if target is not None:
+        out["predicted_step_s"] = {f"{u:.0%}": round(flops / (target.peak(dtype) * 1e12 * u), 4)
+                                   for u in (0.4, 0.6)}
+        out["chip_peak_tflops"] = target.peak(dtype)
+    return out
 
 
 def bench_train(config, batch, dtype, seconds, vocab_size):
@@ -62,9 +84,10 @@ def bench_train(config, batch, dtype, seconds, vocab_size):
     softmax = 2 * 2 * (options.n_negative_samples_batch + 1) * options.lstm.projection_dim
     # token encoder on the distinct tokens of the batch (here n_table per group)
     flops = 3 * (tokens * (f["lstm"] + softmax) + n_groups * n_table * f["token_encoder"])
+    planned = prediction(step.lower(built.abstract_state, data).compile(), flops, dtype)
     return {"what": "train", "dtype": dtype, "batch": batch, "tokens_per_s": round(tokens / med),
             "tflops_per_s": round(flops / med / 1e12, 1), "step_s": round(med, 4),
-            "peak_memory_gib": peak_memory_gib()}
+            "peak_memory_gib": peak_memory_gib(), **planned}
 
 
 def bench_embed(options, params, batch, dtype, seconds, length=27):
@@ -91,9 +114,12 @@ def bench_embed(options, params, batch, dtype, seconds, length=27):
     f = _common.forward_flops_per_token(options)
     tokens = batch * length
     flops = (tokens + 2 * batch) * f["lstm"] + n_distinct * f["token_encoder"]
+    vecs = encode_tokens(params, chars, options)
+    lstm = embed_token_vectors.lower(params, vecs[index], mask, options, dtype=dt).compile()
+    planned = prediction(lstm, flops, dtype)  # the LSTMs' program, most of the step
     return {"what": "embed", "dtype": dtype, "batch": batch, "tokens_per_s": round(tokens / med),
             "tflops_per_s": round(flops / med / 1e12, 1), "step_s": round(med, 4),
-            "peak_memory_gib": peak_memory_gib()}
+            "peak_memory_gib": peak_memory_gib(), **planned}
 
 
 def main(argv=None):

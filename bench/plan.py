@@ -49,7 +49,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rows = []
     print("| devices (data x model) | softmax | dtype | params + optimizer GiB/device | "
-          "compiled peak GiB/device | TFLOP/step | epoch h, H100 / A100 / TPU v4 at 40% |")
+          "compiled peak GiB/device | TFLOP/step | epoch h, H100 / A100 / TPU v5p at 40% |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for devices in (int(d) for d in args.devices.split(",")):
         for softmax in ("sampled", "full"):
@@ -57,7 +57,7 @@ def main(argv=None):
                 p = one(devices, softmax, dtype, args.config)
                 rows.append(p)
                 b, h = p["per_device_bytes"], p["lm1b_epoch_hours"]
-                hours = " / ".join(str(h.get(k, "-")) for k in ("H100-SXM", "A100-SXM", "TPU-v4"))
+                hours = " / ".join(str(h.get(k, "-")) for k in ("H100-SXM", "A100-SXM", "TPU-v5p"))
                 print(f"| {devices} ({p['mesh']['data']} x {p['mesh']['model']}) | {softmax} | "
                       f"{dtype} | {gib(b['params'] + b['optimizer_state'])} | "
                       f"{gib(b['compiled_peak'])} | {p['flops_per_step'] / 1e12:.1f} | {hours} |",

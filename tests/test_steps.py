@@ -2,10 +2,13 @@
 the exact full softmax, which equals the evaluation loss of the same parameters
 on the same batch (no dropout)."""
 import collections
+import math
 
 import jax
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import grammar_sentences, tiny_options_dict
 from elmo_jax import ElmoOptions
@@ -80,3 +83,57 @@ def test_a_large_softmax_is_split_within_one_host_by_default():
     assert auto_mesh_model(793_471, original, 64, devices_per_host=4) == 4
     assert auto_mesh_model(793_471, original, 12) == 4
     assert auto_mesh_model(10_000, original, 64) == 1  # a small softmax stays whole
+
+
+class _FakeDevice:
+    """What `device_grid` reads of a device: its host, and (not a TPU) its platform."""
+    platform, device_kind = "gpu", "fake"
+
+    def __init__(self, id, process_index):
+        self.id, self.process_index = id, process_index
+
+    def __repr__(self):
+        return f"D{self.id}@{self.process_index}"
+
+
+def test_the_mesh_keeps_each_model_group_within_a_host_and_each_host_one_block_of_rows():
+    """`device_grid`: whatever order the devices come in (here hosts interleaved,
+    as a topology may list them), every model-axis group lies in one host and
+    each host's devices are whole, consecutive rows (a process's batch rows one
+    block); where a host cannot hold the model axis the given order stays."""
+    from elmo_jax.training.partitioning import device_grid
+
+    devices = [_FakeDevice(i, i % 4) for i in range(32)]  # 4 hosts of 8, interleaved
+    for model in (1, 2, 4, 8):
+        grid = device_grid(devices, model)
+        assert grid.shape == (32 // model, model)
+        assert all(len({d.process_index for d in row}) == 1 for row in grid)
+        hosts = [d.process_index for d in grid.ravel()]
+        assert hosts == sorted(hosts)  # each host one block of rows, in host order
+        assert sorted(d.id for d in grid.ravel()) == list(range(32))
+    wide = device_grid(devices, 16)  # wider than a host: as given
+    assert [d.id for d in wide.ravel()] == list(range(32))
+    with pytest.raises(ValueError, match="does not divide"):
+        device_grid(devices, 3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(edge=st.integers(0, 5000), start=st.integers(1, 3000), multiple=st.sampled_from([1, 8, 64]),
+       limit=st.integers(64, 4096))
+def test_the_largest_batch_search_finds_the_edge_of_a_monotone_fit(edge, start, multiple, limit):
+    """`largest_fitting` (the plan's --largest_batch, one compile a probe): for a
+    fit that holds up to `edge`, the largest multiple of `multiple` that fits and
+    is within the limit, in a logarithmic number of probes."""
+    from elmo_jax.training.plan import largest_fitting
+
+    probes = []
+
+    def fits(rows):
+        assert rows >= multiple and rows % multiple == 0
+        probes.append(rows)
+        return rows <= edge
+
+    found = largest_fitting(fits, start, multiple, limit)
+    best = max([r for r in range(multiple, limit + 1, multiple) if r <= edge], default=0)
+    assert found == best
+    assert len(probes) <= 2 * math.log2(max(limit, start) / multiple + 2) + 3

@@ -139,7 +139,8 @@ def _score(argv, prog):
 def _plan(argv, prog):
     ap = argparse.ArgumentParser(prog=prog, description=(
         "Compile the train step ahead of time for a device mesh (nothing runs): simulated "
-        "on this CPU, or with --target for a TPU slice's own chips by libtpu's compiler; "
+        "on this CPU, or with --target for a TPU slice's or GPU hosts' own chips by their "
+        "own compiler; "
         "print the per-device bytes, FLOPs per step, the collectives and the time of one "
         "1B Word Benchmark epoch (elmo_jax/training/plan.py)."))
     ap.add_argument("--config", required=True, help="a config file or a shipped config's name")
@@ -152,6 +153,9 @@ def _plan(argv, prog):
     ap.add_argument("--per_device_batch", type=int,
                     help="rows per device (bilm-tf's batch_size is per GPU): the global "
                          "model.batch_size becomes this times the devices")
+    ap.add_argument("--largest_batch", action="store_true",
+                    help="with --target: also find the most rows per device whose step fits "
+                         "the chip's memory, by bisection (one compile a probe)")
     ap.add_argument("--utilisation", type=float, default=0.4,
                     help="share of the peak matmul throughput assumed for the epoch time")
     ap.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
@@ -189,7 +193,8 @@ def _plan(argv, prog):
     if args.per_device_batch:
         sets.append(f"model.batch_size={args.per_device_batch * n_data * n_model}")
     config = load_config(args.config, sets)
-    print(json.dumps(plan(config, args.vocab_size, n_data, n_model, args.utilisation, target)))
+    print(json.dumps(plan(config, args.vocab_size, n_data, n_model, args.utilisation, target,
+                          args.largest_batch)))
 
 
 def main(argv=None, prog: str = "train.py"):

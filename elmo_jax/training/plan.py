@@ -30,20 +30,16 @@ import numpy as np
 from elmo_jax.config import Config, ConfigError
 from elmo_jax.options import ElmoOptions
 from elmo_jax.shapes import round_up
-from elmo_jax.training.partitioning import batch_shardings, create_train_step, make_mesh
-from elmo_jax.training.targets import Target, compile_only_devices
+from elmo_jax.training.partitioning import (batch_shardings, create_train_step, make_mesh,
+                                            model_axis_hosts)
+from elmo_jax.training.targets import TARGETS, Target, compile_only_devices
 
 LM1B_TRAIN_TOKENS = 768_648_884
 
-# Dense peak matmul throughput per chip, TFLOP/s, from the vendors' datasheets:
-# NVIDIA H100 SXM5 and A100 SXM4 (bf16 tensor cores; float32 matmuls at JAX's
-# default precision run on TF32 tensor cores), Google Cloud TPU v4 and v5p (bf16).
-PEAK_TFLOPS = {
-    "H100-SXM": {"bfloat16": 989.4, "float32": 494.7},
-    "A100-SXM": {"bfloat16": 312.0, "float32": 156.0},
-    "TPU-v4": {"bfloat16": 275.0},
-    "TPU-v5p": {"bfloat16": 459.0},
-}
+# The simulated plan's epoch on named chips (one simulated device a chip), at
+# their peaks in targets.TARGETS
+PEAK_CHIPS = {"H100-SXM": "h100x8", "A100-SXM": "a100x8", "TPU-v5e": "v5e-8",
+              "TPU-v5p": "v5p-128", "TPU-v6e": "v6e-8"}
 
 
 def forward_flops_per_token(options: ElmoOptions) -> dict:
@@ -124,7 +120,9 @@ def collectives(hlo_text: str) -> dict:
     return out
 
 
-def _compiled_figures(compiled) -> dict:
+def compiled_figures(compiled) -> dict:
+    """Per device, of a compiled program: bytes (XLA's memory analysis), the
+    compiler's FLOPs and bytes accessed, and its collectives."""
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis() or {}
     cost = cost[0] if isinstance(cost, list) else cost
@@ -155,42 +153,59 @@ def embed_plan(options: ElmoOptions, mesh, rows: int, length: int = 20) -> dict:
     ids = jax.ShapeDtypeStruct((rows, length, options.char_cnn.max_characters_per_token),
                                np.int32, sharding=NamedSharding(mesh, P(ROWS)))
     compiled = embed.lower(params, ids, options).compile()
-    return {"rows": rows, "length": length, **_compiled_figures(compiled)}
+    return {"rows": rows, "length": length, **compiled_figures(compiled)}
+
+
+def _compile_step(options: ElmoOptions, train, vocab_size: int, mesh):
+    """The train step `create_train_step` builds, compiled for `mesh`."""
+    built = create_train_step(options, train, vocab_size, mesh)
+    return built, built.step.lower(built.abstract_state, _abstract_batch(options, mesh)).compile()
+
+
+def _target_mesh(target: Target, n_model: int):
+    devices = compile_only_devices(target)
+    per_host = len(devices) // len({d.process_index for d in devices})
+    if n_model > per_host:
+        raise ConfigError(f"model={n_model} is more than the {per_host} chips of one "
+                          f"{target.name} host")
+    return make_mesh(n_model, devices)
 
 
 def plan(config: Config, vocab_size: int, n_data: int, n_model: int,
-         utilisation: float = 0.4, target: Target | None = None) -> dict:
-    """Compile (never run) the train step for a data x model mesh; see the module."""
+         utilisation: float = 0.4, target: Target | None = None,
+         largest_batch: bool = False) -> dict:
+    """Compile (never run) the train step for a data x model mesh; see the module.
+    `largest_batch` (with a target) adds `largest_per_device_batch`."""
     n = n_data * n_model
     if target is not None:
         if n != target.chips:
             raise ConfigError(f"the mesh data={n_data},model={n_model} is not the {target.chips} "
                              f"chips of {target.name}")
-        if n_model > target.chips_per_host:
-            raise ConfigError(f"model={n_model} is more than the {target.chips_per_host} chips "
-                             f"of one {target.name} host")
-        devices = compile_only_devices(target)
+        mesh = _target_mesh(target, n_model)
+    elif largest_batch:
+        raise ConfigError("the largest batch is measured against a chip's memory: name a "
+                          "--target")
     elif jax.device_count() < n:
         raise ConfigError(f"the mesh needs {n} devices, {jax.device_count()} are here (the plan "
                          "command simulates them on the CPU)")
     else:
-        devices = jax.devices()[:n]
+        mesh = make_mesh(n_model, jax.devices()[:n])
     options = config.model.replace(n_tokens_vocab=vocab_size)
     train = dataclasses.replace(config.train, mesh_model=n_model)
-    mesh = make_mesh(n_model, devices)
-    built = create_train_step(options, train, vocab_size, mesh)
-    compiled = built.step.lower(built.abstract_state, _abstract_batch(options, mesh)).compile()
-    step = _compiled_figures(compiled)
+    built, compiled = _compile_step(options, train, vocab_size, mesh)
+    step = compiled_figures(compiled)
     state = built.abstract_state
     tokens = options.batch_size * options.unroll_steps
     full = train.softmax == "full" or options.sample_softmax is False
     flops = train_flops_per_token(options, vocab_size, full) * tokens
     steps = math.ceil(LM1B_TRAIN_TOKENS / tokens)
     dtype = "bfloat16" if train.compute_dtype == "bfloat16" else "float32"
-    epoch = {name: round(steps * flops / (n * peaks[dtype] * 1e12 * utilisation) / 3600, 2)
-             for name, peaks in PEAK_TFLOPS.items() if dtype in peaks}
-    return {
+    epoch = {name: round(steps * flops / (n * TARGETS[t].peak(dtype) * 1e12 * utilisation)
+                         / 3600, 2) for name, t in PEAK_CHIPS.items()}
+    report = {
         "mesh": {"data": n_data, "model": n_model}, "vocab_size": vocab_size,
+        "hosts": len({d.process_index for d in mesh.devices.flat}),
+        "model_axis_hosts": model_axis_hosts(mesh),
         "softmax": "full" if full else "sampled", "compute_dtype": train.compute_dtype,
         "batch_size": options.batch_size, "unroll_steps": options.unroll_steps,
         "per_device_bytes": {
@@ -203,26 +218,86 @@ def plan(config: Config, vocab_size: int, n_data: int, n_model: int,
         "flops_per_step": flops, "tokens_per_step": tokens, "steps_per_lm1b_epoch": steps,
         "utilisation": utilisation,
         "lm1b_epoch_hours": epoch,
-        **(_target_report(target, step, steps, flops, utilisation, options, mesh)
+        **(_target_report(target, step, steps, flops, utilisation, options, mesh, dtype)
            if target is not None else {"devices": "simulated on the CPU"}),
     }
+    if largest_batch:
+        report["largest_per_device_batch"] = largest_per_device_batch(
+            options, train, vocab_size, mesh, int(target.hbm_gib * 2 ** 30),
+            known={options.batch_size // n: step["peak"]})
+    return report
+
+
+def largest_fitting(fits, start: int, multiple: int = 8, limit: int = 2 ** 16) -> int:
+    """The largest multiple of `multiple` up to `limit` for which `fits`
+    holds, `fits` being monotone (true up to some size, false beyond): from
+    `start`, double (or halve) to bracket the edge, then bisect. 0 if none."""
+    start = max(multiple, min(round_up(start, multiple), limit // multiple * multiple))
+    if fits(start):  # double to a size that does not fit
+        lo = start
+        while lo * 2 <= limit and fits(lo * 2):
+            lo *= 2
+        hi = min(lo * 2, round_up(limit + 1, multiple))
+    else:  # halve to one that fits
+        hi = start
+        while True:
+            lo = hi // 2 // multiple * multiple
+            if lo < multiple:
+                return 0
+            if fits(lo):
+                break
+            hi = lo
+    while hi - lo > multiple:
+        mid = (lo + hi) // 2 // multiple * multiple
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def largest_per_device_batch(options: ElmoOptions, train, vocab_size: int, mesh, hbm: int,
+                             multiple: int = 8, known: dict | None = None,
+                             limit: int = 2 ** 16) -> dict:
+    """The most rows per device (a multiple of `multiple`) whose compiled
+    step's peak fits in `hbm` bytes (`largest_fitting`; each probe one
+    compile, and a compiler that refuses a program for memory counts as not
+    fitting). `known`: {rows per device: peak bytes} already compiled."""
+    peaks = dict(known or {})
+
+    def fits(rows: int) -> bool:
+        if rows not in peaks:
+            try:
+                _, compiled = _compile_step(options.replace(batch_size=rows * mesh.size), train,
+                                            vocab_size, mesh)
+                peaks[rows] = compiled_figures(compiled)["peak"]
+            except jax.errors.JaxRuntimeError as e:
+                if "RESOURCE_EXHAUSTED" not in str(e):
+                    raise
+                peaks[rows] = None  # the compiler ran out of memory
+        return peaks[rows] is not None and peaks[rows] <= hbm
+
+    rows = largest_fitting(fits, min(peaks, default=multiple), multiple, limit)
+    return {"rows": rows, "peak_bytes": peaks.get(rows), "hbm_bytes": hbm, "multiple": multiple,
+            "limit": limit, "compiles": len(peaks) - len(known or {}),
+            "probes": {str(r): ("out of memory" if p is None else p)
+                       for r, p in sorted(peaks.items())}}
 
 
 def _target_report(target: Target, step: dict, steps: int, flops: float, utilisation: float,
-                   options: ElmoOptions, mesh) -> dict:
+                   options: ElmoOptions, mesh, dtype: str) -> dict:
     """What a target adds to the plan: the chip, whether the step fits its
     memory, the compiled step's collectives and the compiler's FLOPs, the epoch
-    at the chip's peak, and the embed program for the same chips."""
+    at the chip's peak for the step's matmuls, and the embed program for the
+    same chips."""
     hbm = int(target.hbm_gib * 2 ** 30)
 
     def hours(u: float) -> float:  # 4 significant digits
-        seconds = steps * flops / (target.chips * target.peak_tflops * 1e12 * u)
+        seconds = steps * flops / (target.chips * target.peak(dtype) * 1e12 * u)
         return float(f"{seconds / 3600:.4g}")
 
     return {"devices": f"{target.chips} x {target.chip} ({target.name}, compile-only)",
             "target": {"name": target.name, "chip": target.chip, "chips": target.chips,
                        "chips_per_host": target.chips_per_host, "hbm_bytes": hbm,
-                       "peak_tflops_bf16": target.peak_tflops},
+                       "peak_tflops_bf16": target.peak_tflops,
+                       "peak_tflops": target.peak(dtype)},
             "train_step": step, "fits": step["peak"] <= hbm,
             "lm1b_epoch_hours_on_target": hours(utilisation),
             "lm1b_epoch_hours_at": {"40%": hours(0.4), "60%": hours(0.6)},

@@ -26,9 +26,21 @@ class Target:
     chips: int
     chips_per_host: int
     hbm_gib: float           # per chip
-    peak_tflops: float       # per chip, dense bf16 (float32 matmuls run as bf16 passes)
+    peak_tflops: float       # per chip, dense bf16
     chip: str
     gpu: str | None = None   # a GPU's key in GPU_DEVICE_INFO
+    # chips a host, x y z, where libtpu's default for the topology is not the
+    # product's (it makes v5e:2x4 two hosts of 2x2; a v5litepod-8 is one host)
+    chips_per_host_bounds: tuple | None = None
+    # per chip, dense float32 matmuls at JAX's default precision: TF32 tensor cores
+    # on a GPU; on a TPU (None) they run as bf16 passes, at the bf16 peak
+    peak_tflops_f32: float | None = None
+
+    def peak(self, compute_dtype: str) -> float:
+        """Dense TFLOP/s a chip for matmuls in `compute_dtype`."""
+        if compute_dtype == "bfloat16" or self.peak_tflops_f32 is None:
+            return self.peak_tflops
+        return self.peak_tflops_f32
 
 
 TARGETS = {t.name: t for t in [
@@ -37,29 +49,44 @@ TARGETS = {t.name: t for t in [
     # them, each with half a chip's memory and peak
     Target("v4-32", "tpu", "v4:2x2x4", 32, 8, 16.0, 137.5, "TPU v4"),
     # Cloud TPU v5e: 16 GiB HBM2e, 197 TFLOP/s bf16; v5e-8 is one host of 8 chips
-    Target("v5e-8", "tpu", "v5e:2x4", 8, 8, 16.0, 197.0, "TPU v5 lite"),
+    Target("v5e-8", "tpu", "v5e:2x4", 8, 8, 16.0, 197.0, "TPU v5 lite",
+           chips_per_host_bounds=(2, 4, 1)),
     Target("v5e-64", "tpu", "v5e:8x8", 64, 4, 16.0, 197.0, "TPU v5 lite"),
     Target("v5e-256", "tpu", "v5e:16x16", 256, 4, 16.0, 197.0, "TPU v5 lite"),
     # Cloud TPU v5p: 95 GiB HBM2e, 459 TFLOP/s bf16; v5p-128 is 64 chips (2 cores each)
     Target("v5p-128", "tpu", "v5p:4x4x4", 64, 4, 95.0, 459.0, "TPU v5p"),
     # Cloud TPU v6e (Trillium): 32 GiB HBM, 918 TFLOP/s bf16; v6e-8 is one host of 8
-    Target("v6e-8", "tpu", "v6e:2x4", 8, 8, 32.0, 918.0, "TPU v6e"),
-    # NVIDIA H100 SXM5 80 GB: 989.4 TFLOP/s bf16 dense; hosts of 8 (topology hosts x 8)
-    Target("h100x8", "cuda", "1x1x8", 8, 8, 79.1, 989.4, "NVIDIA H100 80GB HBM3", "h100"),
-    Target("h100x64", "cuda", "1x8x8", 64, 8, 79.1, 989.4, "NVIDIA H100 80GB HBM3", "h100"),
-    # NVIDIA A100 SXM4 80 GB: 312 TFLOP/s bf16 dense
-    Target("a100x8", "cuda", "1x1x8", 8, 8, 79.3, 312.0, "NVIDIA A100-SXM4-80GB", "a100"),
+    Target("v6e-8", "tpu", "v6e:2x4", 8, 8, 32.0, 918.0, "TPU v6e",
+           chips_per_host_bounds=(2, 4, 1)),
+    # NVIDIA H100 SXM5 80 GB: 989.4 TFLOP/s bf16 dense, 494.7 TF32; hosts of 8
+    # (topology hosts x 8)
+    Target("h100x8", "cuda", "1x1x8", 8, 8, 79.1, 989.4, "NVIDIA H100 80GB HBM3", "h100",
+           peak_tflops_f32=494.7),
+    Target("h100x64", "cuda", "1x8x8", 64, 8, 79.1, 989.4, "NVIDIA H100 80GB HBM3", "h100",
+           peak_tflops_f32=494.7),
+    # NVIDIA H200 SXM 141 GB (the H100's GH100 at its clocks, HBM3e): the same peaks
+    Target("h200x8", "cuda", "1x1x8", 8, 8, 140.4, 989.4, "NVIDIA H200", "h200",
+           peak_tflops_f32=494.7),
+    # NVIDIA A100 SXM4 80 GB: 312 TFLOP/s bf16 dense, 156 TF32
+    Target("a100x8", "cuda", "1x1x8", 8, 8, 79.3, 312.0, "NVIDIA A100-SXM4-80GB", "a100",
+           peak_tflops_f32=156.0),
 ]}
 
 # What XLA's GPU compiler needs to know of a GPU it cannot see: the device
 # descriptions of XLA's own tools (xla/tools/hlo_opt/gpu_specs/h100_sxm.txtpb and
-# a100_sxm_80.txtpb), as fields.
+# a100_sxm_80.txtpb), as fields; the H200 is the H100's with its memory (143,771
+# MiB, as nvidia-smi gives it) and bandwidth (4.8 TB/s).
 GPU_DEVICE_INFO = {
     "h100": {"core_count": 132, "fpus_per_core": 128, "shared_memory_per_core": 233472,
              "shared_memory_per_block_optin": 232448, "memory_bandwidth": 3352320000000,
              "l2_cache_size": 52428800, "clock_rate_ghz": 1.98,
              "device_memory_size": 84978434048, "compute_capability": 9,
              "description": "NVIDIA H100 80GB HBM3"},
+    "h200": {"core_count": 132, "fpus_per_core": 128, "shared_memory_per_core": 233472,
+             "shared_memory_per_block_optin": 232448, "memory_bandwidth": 4800000000000,
+             "l2_cache_size": 52428800, "clock_rate_ghz": 1.98,
+             "device_memory_size": 143771 * 2 ** 20, "compute_capability": 9,
+             "description": "NVIDIA H200"},
     "a100": {"core_count": 108, "fpus_per_core": 64, "shared_memory_per_core": 167936,
              "shared_memory_per_block_optin": 166912, "memory_bandwidth": 2039040000000,
              "l2_cache_size": 41943040, "clock_rate_ghz": 1.41,
@@ -87,9 +114,12 @@ def gpu_target_config(gpu: str) -> str:
     return (f"gpu_device_info {{\n{body}}}\nplatform_name: \"CUDA\"\n"
             f"device_description_str: \"{d['description']}\"\n")
 
-# a CPU host has no TPU: these keep libtpu from looking for one (and warning)
+# a CPU host has no TPU: these keep libtpu from looking for one (and warning),
+# and let several compiling processes load it at once (libtpu otherwise holds
+# /tmp/libtpu_lockfile for the one process that may drive the TPU)
 _COMPILE_ONLY_ENV = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v5litepod-8",
-                     "TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0"}
+                     "TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0",
+                     "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 
 class TargetError(ValueError):
@@ -136,6 +166,11 @@ def _cuda_plugin_devices(target: Target) -> list:
                                              topology=target.topology).devices)
 
 
+def chip_target(device_kind: str) -> Target | None:
+    """A target whose chip is `device_kind` (a JAX device's), for its peaks."""
+    return next((t for t in TARGETS.values() if t.chip == device_kind), None)
+
+
 def get_target(name: str) -> Target:
     if name not in TARGETS:
         raise TargetError(f"unknown target {name!r}; the targets are {', '.join(TARGETS)}")
@@ -153,8 +188,10 @@ def _libtpu_devices(target: Target) -> list:
     os.environ["TPU_LIBRARY_PATH"] = path
     for key, value in _COMPILE_ONLY_ENV.items():
         os.environ.setdefault(key, value)
-    return list(topologies.get_topology_desc(platform="tpu",
-                                             topology_name=target.topology).devices)
+    hosts = ({"chips_per_host_bounds": list(target.chips_per_host_bounds)}
+             if target.chips_per_host_bounds else {})
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=target.topology,
+                                             **hosts).devices)
 
 
 def compile_only_devices(target: Target) -> list:
@@ -163,4 +200,8 @@ def compile_only_devices(target: Target) -> list:
     devices = (_cuda_plugin_devices if target.platform == "cuda" else _libtpu_devices)(target)
     if len(devices) != target.chips:
         raise TargetError(f"{target.topology} has {len(devices)} devices, not {target.chips}")
+    per_host = len(devices) // len({d.process_index for d in devices})
+    if per_host != target.chips_per_host:
+        raise TargetError(f"{target.topology} has {per_host} devices a host, not "
+                          f"{target.chips_per_host}")
     return devices
