@@ -268,18 +268,21 @@ def sharded_rows(w: jax.Array, b: jax.Array, ids: jax.Array, mesh, split_ids: bo
     """(w[ids], b[ids]) when the rows of w [V, P] and b [V] are split over the
     mesh's "model" axis: each shard contributes the rows it holds and one
     all-reduce of the gathered rows (never of w) completes them. ids are [D, N]
-    split like the batch rows (`split_ids`), or the same on every device."""
+    split like the batch rows (`split_ids`: the data slice's ids gathered, and
+    a reduce-scatter gives each device its own rows), or the same on every
+    device."""
     from jax.sharding import PartitionSpec as P
 
     def local(w, b, ids):
-        n = ids.shape[-1]
         if split_ids:  # the labels of every device of this data slice
             ids = _gather_model(ids, -1)
         rows, bias, _, _ = _rows_here(w, b, ids)
-        rows, bias = jax.lax.psum(rows, "model"), jax.lax.psum(bias, "model")
-        if split_ids:
-            rows, bias = _own_part(rows, n, rows.ndim - 2), _own_part(bias, n, bias.ndim - 1)
-        return rows, bias
+        if split_ids:  # each device keeps only its own labels' rows: reduce-scatter
+            return (jax.lax.psum_scatter(rows, "model", scatter_dimension=rows.ndim - 2,
+                                         tiled=True),
+                    jax.lax.psum_scatter(bias, "model", scatter_dimension=bias.ndim - 1,
+                                         tiled=True))
+        return jax.lax.psum(rows, "model"), jax.lax.psum(bias, "model")
 
     spec = P(None, ROWS) if split_ids else P()
     return jax.shard_map(local, mesh=mesh, in_specs=(P("model"), P("model"), spec),

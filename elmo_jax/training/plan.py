@@ -100,16 +100,27 @@ _ITEM_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16"
                "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 
 
+_CHAIN = re.compile(r'chain_id="(\d+)"')
+
+
 def collectives(hlo_text: str) -> dict:
     """{kind: {"count", "bytes", "largest_bytes"}} of the collectives in an
-    optimized HLO module, as written (an op inside a loop body counts once);
-    an op's bytes are its result's per device (an asynchronous `-start` op's
-    tuple holds its operand and result: the larger array counts)."""
+    optimized HLO module, as written (an op inside a loop body counts once;
+    the pieces a TPU's asynchronous collective fusion splits one op into,
+    which share its `chain_id`, count once); an op's bytes are its result's
+    per device (an asynchronous `-start` op's tuple holds its operand and
+    result: the larger array counts)."""
     out: dict = {}
+    chains = set()
     for line in hlo_text.splitlines():
         m = _COLLECTIVE.search(line)
         if not m:
             continue
+        chain = _CHAIN.search(line)
+        if chain:
+            if (m.group(2), chain.group(1)) in chains:
+                continue
+            chains.add((m.group(2), chain.group(1)))
         sizes = [_ITEM_BYTES[t] * int(np.prod([int(d) for d in dims.split(",") if d]))
                  for t, dims in _ARRAY.findall(m.group(1))]
         size = max(sizes, default=0) if m.group(3) and m.group(2) != "all-reduce" else sum(sizes)
