@@ -1,14 +1,17 @@
 """A plan before a pod: compile the train step ahead of time for a mesh and
 report what each device must hold and what an epoch costs. Nothing runs: the
-devices are simulated CPU devices, or with `target` a TPU slice's own chips,
-compiled for by libtpu's compiler on this host (`targets.py`).
+devices are simulated CPU devices, or with `target` a TPU slice's or GPU
+hosts' own chips, compiled for by their own compiler (libtpu; the CUDA PJRT
+plugin) on this host (`targets.py`).
 
     python train.py plan --config original --vocab_size 793471 --mesh data=8,model=8
     python train.py plan --config original --vocab_size 793471 --target v5e-8 --mesh model=8
 
-With a target the plan also gives the chip's memory (does the program fit),
-the collectives in the optimized program (kind, count, bytes), the target
-compiler's own FLOP count, and the `embed` program compiled for the same chips.
+With a target the plan also gives the chip's memory (does the program fit;
+with `largest_batch`, the most rows per chip that do, by bisection), the
+collectives in the optimized program (kind, count, bytes), the target
+compiler's own FLOP count, the epoch at 40% and 60% of the chips' peak, and
+the `embed` program compiled for the same chips.
 
 Per device: the parameters, the optimizer state and the LSTM state (from the
 state's shardings), and the compiled program's own figures (arguments, outputs,
