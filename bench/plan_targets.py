@@ -5,8 +5,9 @@ against memory, collectives per step, the epoch at 40% and 60% of peak.
 
     python -m bench.plan_targets [--targets v5e-8,h100x8] [--out bench/results/plan-targets]
 
-bilm-tf's 128 rows per chip; the softmax's model axis is `auto_mesh_model`'s
-(up to 8, within one host); bf16 and f32 matmuls, sampled and full softmax.
+bilm-tf's 128 rows per chip; the softmax's model axis is the plan's default
+(`train.mesh_model: 0`: up to 8 chips, within one host); bf16 and f32
+matmuls, sampled and full softmax.
 Each plan is one JSON file in --out (an existing one is kept: rerun with
 --force), and the Markdown table of all of them is printed at the end. A TPU
 compile of `original` takes about 3 minutes on 2 cores, a GPU one 15 s.
@@ -26,16 +27,9 @@ VOCAB = 793471
 TARGETS = ["h100x8", "h100x64", "v5e-8", "v4-32", "v5e-64", "v5p-128", "v5e-256", "v6e-8"]
 
 
-def mesh_model(target: str) -> int:
-    from elmo_jax.training.targets import get_target
-
-    t = get_target(target)
-    return min(8, t.chips_per_host)  # auto_mesh_model for a softmax this large
-
-
 def one(target: str, softmax: str, dtype: str, config: str, rows: int) -> dict:
     cmd = [sys.executable, os.path.join(_common.REPO, "train.py"), "plan", "--config", config,
-           "--vocab_size", str(VOCAB), "--target", target, "--mesh", f"model={mesh_model(target)}",
+           "--vocab_size", str(VOCAB), "--target", target,
            "--per_device_batch", str(rows), "--set", f"train.softmax={softmax}",
            "--set", f"train.compute_dtype={dtype}"]
     start = time.perf_counter()

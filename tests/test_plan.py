@@ -44,7 +44,7 @@ def test_plan_reports_per_device_bytes_flops_and_epoch_time():
 
 
 @pytest.mark.parametrize("target,config,model", [
-    ("v5e-8", "tiny", 2), ("v5e-8", "bilm-tf-small", 2), ("v5e-8", "tiny", 1),
+    ("v5e-8", "tiny", 2), ("v5e-8", "bilm-tf-small", 2), ("v5e-8", "tiny", None),
     ("h100x8", "tiny", 2), ("h100x8", "bilm-tf-small", 2)])
 def test_plan_for_an_accelerator_compiles_with_only_the_designed_collectives(target, config,
                                                                              model):
@@ -60,16 +60,18 @@ def test_plan_for_an_accelerator_compiles_with_only_the_designed_collectives(tar
     a step for `tiny` on v5e-8). Quietly for a TPU: libtpu lives apart
     (.venv/accelerators) and is told there is no TPU to look for. Pure data
     parallelism (model 1) needs the gradient all-reduce alone (the sampled
-    rows' gather left to GSPMD once brought 3 all-to-alls, 12 permutes and 9
+    rows' gather left to GSPMD once brought 3 all-to-alls, 12 permutes and 4
     gathers of ids)."""
+    mesh = ["--mesh", f"model={model}"] if model else []  # default: a small softmax whole
     r = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "plan", "--config",
-                        config, "--vocab_size", "10000", "--target", target, "--mesh",
-                        f"model={model}"],
+                        config, "--vocab_size", "10000", "--target", target, *mesh],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     if target.startswith("v5e"):
         assert "TPU" not in r.stderr and "WARNING" not in r.stderr, r.stderr[-2000:]
     p = json.loads(r.stdout.splitlines()[-1])
+    model = model or 1
+    assert p["mesh"] == {"data": 8 // model, "model": model}
     chip = {"v5e-8": "TPU v5 lite", "h100x8": "NVIDIA H100 80GB HBM3"}[target]
     assert p["devices"] == f"8 x {chip} ({target}, compile-only)" and p["fits"]
     assert p["hosts"] == 1 and p["model_axis_hosts"] == 1  # 8 chips, one host

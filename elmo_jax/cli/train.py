@@ -145,8 +145,9 @@ def _plan(argv, prog):
         "1B Word Benchmark epoch (elmo_jax/training/plan.py)."))
     ap.add_argument("--config", required=True, help="a config file or a shipped config's name")
     ap.add_argument("--vocab_size", type=int, required=True, help="softmax size, e.g. 793471")
-    ap.add_argument("--mesh", default="data=1,model=1",
-                    help="e.g. data=8,model=8; with --target only model=M (data: the rest)")
+    ap.add_argument("--mesh", help="e.g. data=8,model=8 (default data=1,model=1); with "
+                    "--target only model=M (data: the rest; default: as train.mesh_model 0 "
+                    "chooses, a large softmax split over up to one host's chips)")
     ap.add_argument("--target", help="a TPU slice (v4-32, v5e-8, v5e-64, v5e-256, v5p-128, "
                     "v6e-8) or GPU hosts (h100x8, h100x64, a100x8): compiled by its own "
                     "compiler, compile-only (elmo_jax/training/targets.py)")
@@ -168,15 +169,15 @@ def _plan(argv, prog):
 
         target = get_target(args.target)
     try:
-        sizes = dict(part.split("=") for part in args.mesh.split(","))
+        sizes = dict(part.split("=") for part in args.mesh.split(",")) if args.mesh else {}
         if target is not None:
-            n_model = int(sizes.pop("model", 1))
+            n_model = int(sizes.pop("model", 0))  # 0: train.mesh_model's default, below
             sizes.pop("data", None)
-            n_data = target.chips // n_model
-            assert n_data * n_model == target.chips
+            assert n_model >= 0 and target.chips % max(n_model, 1) == 0
+            n_data = target.chips // max(n_model, 1)
         else:
             n_data, n_model = int(sizes.pop("data", 1)), int(sizes.pop("model", 1))
-        assert not sizes and n_data > 0 and n_model > 0
+        assert not sizes and n_data > 0 and (n_model > 0 or target is not None)
     except (ValueError, AssertionError):
         ap.error(f"--mesh takes data=D,model=M (with --target: model=M dividing its chips), "
                  f"got {args.mesh!r}")
@@ -191,8 +192,15 @@ def _plan(argv, prog):
 
     sets = list(args.set)
     if args.per_device_batch:
-        sets.append(f"model.batch_size={args.per_device_batch * n_data * n_model}")
+        n = target.chips if target is not None else n_data * n_model
+        sets.append(f"model.batch_size={args.per_device_batch * n}")
     config = load_config(args.config, sets)
+    if target is not None and n_model == 0:
+        from elmo_jax.training.partitioning import auto_mesh_model
+
+        n_model = config.train.mesh_model or auto_mesh_model(
+            args.vocab_size, config.model, target.chips, target.chips_per_host)
+        n_data = target.chips // n_model
     print(json.dumps(plan(config, args.vocab_size, n_data, n_model, args.utilisation, target,
                           args.largest_batch)))
 
