@@ -54,7 +54,9 @@ def row(p: dict) -> str:
     dtype = {"bfloat16": "bf16", "float32": "f32"}[p["compute_dtype"]]
     hours = p["lm1b_epoch_hours_at"]
     fits = "" if p["fits"] else " **(does not fit)**"
-    return (f"| {p['target']['name']} | data {p['mesh']['data']} x model {p['mesh']['model']} | "
+    hosts = f", {p['hosts']} hosts" if p.get("hosts", 1) > 1 else ", 1 host"
+    return (f"| {p['target']['name']} | data {p['mesh']['data']} x model {p['mesh']['model']}"
+            f"{hosts} | "
             f"{p['softmax']} | {dtype} | {p['batch_size']} | {gib(b['compiled_arguments'])} / "
             f"{gib(b['compiled_temporaries'])} / {gib(b['compiled_peak'])} of "
             f"{p['target']['hbm_bytes'] / 2**30:.0f} GiB{fits} | {collectives(s['collectives'])} | "

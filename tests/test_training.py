@@ -167,6 +167,22 @@ def test_settings_that_fail_late_are_refused_before_step_one(tmp_path):
         assert not os.path.exists(work / "metrics.jsonl")  # nothing trained
 
 
+def test_a_per_device_batch_is_bilm_tf_s_batch_times_the_devices(tmp_path):
+    """--per_device_batch (bilm-tf's batch_size is per GPU): on 8 devices, 2 rows
+    each train a global batch of 16 (the workdir's config says so); with
+    --batch_size as well, a usage error."""
+    files = write_grammar_corpus(tmp_path / "data")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    cmd = _train_cmd(files, tmp_path / "run", 1, 1)
+    cmd[cmd.index("--batch_size"):cmd.index("--batch_size") + 2] = ["--per_device_batch", "2"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.load(open(tmp_path / "run" / "config.json"))["model"]["batch_size"] == 16
+    r = subprocess.run(cmd + ["--batch_size", "8"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "give one" in r.stderr, r.stderr[-2000:]
+
+
 # train.py with orbax's save of step 20 cut short: SIGKILL as soon as the save
 # has started (it writes in a background thread), before its files are whole
 _KILLED_DURING_THE_SAVE_OF_STEP_20 = textwrap.dedent("""

@@ -39,7 +39,8 @@ SHORTHANDS = {
     "eval_every": ("train.eval_every", None),
     "checkpoint_every": ("train.checkpoint_every", None),
     "log_every": ("train.log_every", None),
-    "batch_size": ("model.batch_size", "override the model options' batch_size"),
+    "batch_size": ("model.batch_size", "override the model options' batch_size: the global "
+                                       "batch, split over every device"),
 }
 TYPES = {"max_steps": int, "max_seconds": float, "seed": int, "eval_every": int,
          "checkpoint_every": int, "log_every": int, "batch_size": int}
@@ -64,8 +65,13 @@ def _train(argv, prog):
     ap.add_argument("--coordinator_address")
     ap.add_argument("--num_processes", type=int)
     ap.add_argument("--process_id", type=int)
+    ap.add_argument("--per_device_batch", type=int,
+                    help="rows per device, as bilm-tf's batch_size (per GPU): the global "
+                         "model.batch_size becomes this times every device of the run")
     ap.add_argument("--no_progress", action="store_true")
     args = ap.parse_args(argv)
+    if args.per_device_batch is not None and args.batch_size is not None:
+        ap.error("--batch_size (global) and --per_device_batch: give one")
 
     import jax
 
@@ -76,6 +82,8 @@ def _train(argv, prog):
 
     overrides = [f"{path}={json.dumps(getattr(args, flag))}"
                  for flag, (path, _) in SHORTHANDS.items() if getattr(args, flag) is not None]
+    if args.per_device_batch is not None:
+        overrides.append(f"model.batch_size={args.per_device_batch * jax.device_count()}")
     config = load_config(args.config, args.set + overrides)
     last = train_and_evaluate(config, args.workdir, progress=not args.no_progress)
     print(json.dumps(last))
