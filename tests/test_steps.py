@@ -89,8 +89,8 @@ class _FakeDevice:
     """What `device_grid` reads of a device: its host, and (not a TPU) its platform."""
     platform, device_kind = "gpu", "fake"
 
-    def __init__(self, id, process_index):
-        self.id, self.process_index = id, process_index
+    def __init__(self, id, process_index, coords=None):
+        self.id, self.process_index, self.coords = id, process_index, coords
 
     def __repr__(self):
         return f"D{self.id}@{self.process_index}"
@@ -111,6 +111,17 @@ def test_the_mesh_keeps_each_model_group_within_a_host_and_each_host_one_block_o
         hosts = [d.process_index for d in grid.ravel()]
         assert hosts == sorted(hosts)  # each host one block of rows, in host order
         assert sorted(d.id for d in grid.ravel()) == list(range(32))
+    # chips with coordinates (4 hosts of 2 x 2 on a 4 x 4 grid), listed in a
+    # different order on each host: every host's block lists its chips in the
+    # first host's order, so each data-axis group is one place of every host
+    grid = [(x, y) for y in range(4) for x in range(4)]
+    chips = [_FakeDevice(i, (x // 2) + 2 * (y // 2), [x, y, 0])
+             for i, (x, y) in enumerate(sorted(grid, key=lambda c: (c[0] * 7 + c[1] * 3) % 16))]
+    placed = device_grid(chips, 2).reshape(4, 2, 2)  # [host, its rows, model]
+    places = [[[(d.coords[0] % 2, d.coords[1] % 2) for d in row] for row in host]
+              for host in placed]
+    assert all(p == places[0] for p in places), places
+    assert len({d.process_index for d in placed[0].ravel()}) == 1
     wide = device_grid(devices, 16)  # wider than a host: as given
     assert [d.id for d in wide.ravel()] == list(range(32))
     with pytest.raises(ValueError, match="does not divide"):

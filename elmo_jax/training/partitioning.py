@@ -49,10 +49,12 @@ def device_grid(devices, mesh_model: int) -> np.ndarray:
     devices a block of whole rows (the model axis inside a host, where its
     exchanges stay on the host's own links, and each process's batch rows one
     contiguous block), and within a host the order of its interconnect
-    (`mesh_utils.create_device_mesh`: a TPU host's chips in ring order). Falls
-    back to the given order where hosts differ in size, the model axis is wider
-    than a host, or the topology has no ring order for the shape (TPU v4's
-    two TensorCores a chip)."""
+    (`mesh_utils.create_device_mesh`: a TPU host's chips in ring order), the
+    same for every host, so that each data-axis group holds the chips at one
+    place of every host (a TPU's ICI routes the collectives of such regular
+    groups; libtpu refuses irregular ones). Falls back to the given order where
+    hosts differ in size, the model axis is wider than a host, or the topology
+    has no ring order for the shape (TPU v4's two TensorCores a chip)."""
     devices = list(devices)
     if len(devices) % mesh_model:
         raise ValueError(f"mesh_model={mesh_model} does not divide the {len(devices)} devices")
@@ -62,14 +64,30 @@ def device_grid(devices, mesh_model: int) -> np.ndarray:
     sizes = {len(h) for h in hosts.values()}
     if len(sizes) != 1 or sizes.pop() % mesh_model:
         return np.array(devices).reshape(-1, mesh_model)
-    blocks = []
-    for _, host in sorted(hosts.items(), key=lambda kv: kv[0]):
-        try:
-            blocks.append(mesh_utils.create_device_mesh((len(host) // mesh_model, mesh_model),
-                                                        host, allow_split_physical_axes=True))
-        except (ValueError, NotImplementedError, AssertionError):
-            blocks.append(np.array(host).reshape(-1, mesh_model))
+    hosts = [hosts[k] for k in sorted(hosts)]
+    shape = (len(hosts[0]) // mesh_model, mesh_model)
+    try:
+        first = mesh_utils.create_device_mesh(shape, hosts[0], allow_split_physical_axes=True)
+    except (ValueError, NotImplementedError, AssertionError):
+        first = np.array(hosts[0]).reshape(shape)
+    layout = [_place_in_host(d, hosts[0]) for d in first.flat]
+    blocks = [first]
+    for host in hosts[1:]:
+        places = {_place_in_host(d, host): d for d in host}
+        if None in layout or set(places) != set(layout):  # no coordinates: as given
+            blocks.append(np.array(host).reshape(shape))
+        else:
+            blocks.append(np.array([places[p] for p in layout]).reshape(shape))
     return np.concatenate(blocks, axis=0)
+
+
+def _place_in_host(device, host) -> tuple | None:
+    """A device's coordinates relative to its host's first corner (and its core
+    on the chip), or None for a device without coordinates."""
+    if getattr(device, "coords", None) is None:
+        return None
+    corner = np.min([d.coords for d in host], axis=0)
+    return (*(np.asarray(device.coords) - corner).tolist(), getattr(device, "core_on_chip", 0))
 
 
 def make_mesh(mesh_model: int = 1, devices=None) -> Mesh:
