@@ -28,6 +28,7 @@ def measure(name: str, mode: str, saves: int, between: int) -> dict:
 
     from bench import train
     from elmo_jax import checkpoints
+    from elmo_jax.training.workdir import save_checkpoint
 
     train.ensure_peer()
     config, vocab, built, state, feed = train.setup(name)
@@ -42,7 +43,7 @@ def measure(name: str, mode: str, saves: int, between: int) -> dict:
             t0 = time.perf_counter()
             saving = i % between == between - 1
             if saving:
-                checkpoints.save(mngr, state, [position])
+                save_checkpoint(mngr, state, position, feed.mesh)
                 if mode == "sync":
                     mngr.wait_until_finished()
             state, m = built.step(state, batch)

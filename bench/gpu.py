@@ -3,6 +3,7 @@ in float32 and bfloat16, on whatever accelerator JAX finds. Installs nothing;
 prints one line per measurement and a final JSON line.
 
     python -m bench.gpu [--train-batch 512] [--embed-batch 1024] [--seconds 20]
+    python -m bench.gpu --only loop [--loop-steps 300] [--train-batch 512]
 
 Reported per run: tokens/s (median step), achieved TFLOP/s of useful work
 (forward: token encoder + LSTMs; training: 3x the forward plus the sampled
@@ -13,6 +14,13 @@ compiled peak bytes, and the step time at 40% and 60% of the chip's peak,
 tokens/s (an epoch of the 1B Word Benchmark in under an hour), embed >= 1M
 tokens/s. Synthetic data: random tokens of real-looking lengths, since only
 speed is measured here.
+
+`--only loop` runs the real training loop (`train_and_evaluate`: the input
+pipeline, the batches placed ahead, the compiled shapes) on a synthetic Zipf
+corpus for `--loop-steps` steps, traces its last 100 steps, and prints the
+devices' busy fraction in them (`bench.trace.device_busy_fraction`), the
+loop's tokens/s and the programs compiled after step 1, beside the plan's
+step time at 40% and 60% of the chip's peak.
 """
 from __future__ import annotations
 
@@ -34,19 +42,26 @@ def prediction(compiled, flops: float, dtype: str) -> dict:
     """What the plan predicts of a compiled program on this device: its peak
     bytes (XLA's memory analysis) and, for a chip in the targets' table, the
     step time at 40% and 60% of the chip's peak for `dtype` matmuls."""
-    import jax
-
     from elmo_jax.training.plan import compiled_figures
-    from elmo_jax.training.targets import chip_target
 
     figures = compiled_figures(compiled)
-    out = {"predicted_peak_memory_gib": round(figures["peak"] / 2**30, 2)}
+    return {"predicted_peak_memory_gib": round(figures["peak"] / 2**30, 2),
+            **predicted_step(flops, dtype)}
+
+
+def predicted_step(flops: float, dtype: str) -> dict:
+    """For a chip in the targets' table: a step of `flops` at 40% and 60% of its
+    peak for `dtype` matmuls (nothing for another device)."""
+    import jax
+
+    from elmo_jax.training.targets import chip_target
+
     target = chip_target(jax.devices()[0].device_kind)
-    if target is not None:
-        out["predicted_step_s"] = {f"{u:.0%}": round(flops / (target.peak(dtype) * 1e12 * u), 4)
-                                   for u in (0.4, 0.6)}
-        out["chip_peak_tflops"] = target.peak(dtype)
-    return out
+    if target is None:
+        return {}
+    return {"predicted_step_s": {f"{u:.0%}": round(flops / (target.peak(dtype) * 1e12 * u), 4)
+                                 for u in (0.4, 0.6)},
+            "chip_peak_tflops": target.peak(dtype)}
 
 
 def bench_train(config, batch, dtype, seconds, vocab_size):
@@ -122,6 +137,43 @@ def bench_embed(options, params, batch, dtype, seconds, length=27):
             "peak_memory_gib": peak_memory_gib(), **planned}
 
 
+def bench_loop(config, batch, dtype, steps):
+    import dataclasses
+    import os
+    import tempfile
+
+    from bench.host_input import synthetic_corpus
+    from bench.trace import device_busy_fraction
+    from elmo_jax import training
+    from elmo_jax.config import DataConfig
+    from elmo_jax.data import vocab_from_files
+
+    work = tempfile.mkdtemp(prefix="elmo-jax-gpu-loop-")
+    corpus = os.path.join(work, "corpus.txt")
+    synthetic_corpus(corpus)
+    vocab, _ = vocab_from_files(corpus, max_vocab=100_000)
+    vocab.to_file(os.path.join(work, "vocab.txt"))
+    first = max(1, steps - 99)
+    config = config.replace(
+        model=config.model.replace(batch_size=batch, n_tokens_vocab=None),
+        train=dataclasses.replace(config.train, compute_dtype=dtype, max_steps=steps,
+                                  log_every=max(1, steps // 3), checkpoint_every=10**9,
+                                  checkpoint_every_seconds=None, transfer_guard="disallow",
+                                  profile_steps=f"{first}:{steps}"),
+        data=DataConfig(train_files=corpus, vocab_file=os.path.join(work, "vocab.txt")))
+    run = os.path.join(work, "run")
+    last = training.train_and_evaluate(config, run, progress=False)
+    out = {"what": "loop", "dtype": dtype, "batch": batch, "steps": steps,
+           "tokens_per_s": round(last["tokens_per_sec"]),
+           "compiled_since_step_1": last.get("compiled_since_step_1"),
+           **device_busy_fraction(os.path.join(run, "tensorboard"))}
+    options = config.model.replace(n_tokens_vocab=len(vocab))
+    f = _common.forward_flops_per_token(options)
+    softmax = 2 * 2 * (options.n_negative_samples_batch + 1) * options.lstm.projection_dim
+    flops = 3 * batch * options.unroll_steps * (f["lstm"] + softmax + f["token_encoder"])
+    return {**out, **predicted_step(flops, dtype)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -129,7 +181,8 @@ def main(argv=None):
     ap.add_argument("--embed-batch", type=int, default=1024)
     ap.add_argument("--seconds", type=float, default=15.0, help="timing per measurement")
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--only", choices=["train", "embed"])
+    ap.add_argument("--only", choices=["train", "embed", "loop"])
+    ap.add_argument("--loop-steps", type=int, default=300, help="with --only loop")
     ap.add_argument("--config", default="original", help="a configs/ name (tiny: smoke test)")
     ap.add_argument("--vocab-size", type=int, default=793471,
                     help="softmax rows (the 1B Word Benchmark's vocabulary by default)")
@@ -144,6 +197,11 @@ def main(argv=None):
     results = []
     params = init_params(options, jax.random.PRNGKey(0))
     for dtype in args.dtypes.split(","):
+        if args.only == "loop":
+            r = bench_loop(config, args.train_batch, dtype, args.loop_steps)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+            continue
         if args.only != "train":
             r = bench_embed(options, params, args.embed_batch, dtype, args.seconds)
             print(json.dumps(r), flush=True)

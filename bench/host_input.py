@@ -1,12 +1,16 @@
-"""The host input pipeline's speed: tokens/s that one process's `data.Batcher`
-turns from text into training batches (reading, shuffling, windows, token
-tables and character ids), against what one host must feed by the plan.
+"""The host input pipeline's speed: tokens/s of training batches that one
+process makes for the devices it feeds (`data.StreamBatcher`: windows, token
+tables and character ids by array slicing over a `TokenCorpus`), in the
+process or with input worker processes, against what one host must feed.
 
-    python -m bench.host_input [--config original] [--seconds 20]
+    python -m bench.host_input [--config original] [--groups 8] [--seconds 20]
+                               [--workers N] [--prepared]
 
-Corpus: the bilm-tf peer's KJV Bible when it is set up, else a synthetic one
-(Zipfian words over a 100,000-word vocabulary, so that token tables and the
-character-id cache see a realistic spread of distinct words).
+`--prepared` reads the corpus from a folder `train.py prepare` wrote
+(memory-mapped) instead of preparing it in memory. Corpus: the bilm-tf peer's
+KJV Bible when it is set up, else a synthetic one (Zipfian words over a
+100,000-word vocabulary, so that token tables and the spelling table see a
+realistic spread of distinct words).
 """
 from __future__ import annotations
 
@@ -33,16 +37,6 @@ def synthetic_corpus(path: str, sentences: int = 200_000, vocab: int = 100_000) 
             pos += n
 
 
-def split_corpus(path: str, n: int, out_dir: str) -> str:
-    """The corpus as n shards (a worker reads its own shards); returns their glob."""
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.readlines()
-    for i in range(n):
-        with open(os.path.join(out_dir, f"shard-{i}.txt"), "w", encoding="utf-8") as fh:
-            fh.writelines(lines[i::n])
-    return os.path.join(out_dir, "shard-*.txt")
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,28 +45,34 @@ def main(argv=None):
     ap.add_argument("--groups", type=int, default=8, help="devices fed by this host")
     ap.add_argument("--workers", type=int, default=0,
                     help="input worker processes (train.input_workers); 0: in the process")
+    ap.add_argument("--prepared", action="store_true",
+                    help="read a prepared folder (memory-mapped) instead of text")
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
-    from elmo_jax.data import Batcher, ParallelBatcher, TextSource, vocab_from_files
+    from elmo_jax.data import (ParallelStreamBatcher, StreamBatcher, TokenCorpus, prepare,
+                               vocab_from_files)
 
     options = _common.load_config(args.config).model
     kjv = os.path.join(_common.PEERS_HOME, "bilm-tf-data", "train.txt")
     tmp = tempfile.mkdtemp()
-    corpus = kjv if os.path.exists(kjv) else os.path.join(tmp, "corpus.txt")
-    if corpus != kjv:
-        synthetic_corpus(corpus)
-    vocab = vocab_from_files(corpus, max_vocab=100_000)[0]
-    batch = options.batch_size * args.groups  # 128 rows per device, as in the plan
-    C = options.char_cnn.max_characters_per_token
-    if args.workers:
-        shards = split_corpus(corpus, args.workers, tmp)
-        batcher = ParallelBatcher(shards, vocab, batch, options.unroll_steps, C,
-                                  n_groups=args.groups, workers=args.workers,
-                                  widest_filter=options.char_cnn.widest_filter)
+    corpus_file = kjv if os.path.exists(kjv) else os.path.join(tmp, "corpus.txt")
+    if corpus_file != kjv:
+        synthetic_corpus(corpus_file)
+    vocab = vocab_from_files(corpus_file, max_vocab=100_000)[0]
+    t0 = time.perf_counter()
+    if args.prepared:
+        prepare(corpus_file, os.path.join(tmp, "prepared"))
+        corpus = TokenCorpus.load(os.path.join(tmp, "prepared"))
     else:
-        batcher = Batcher(TextSource(corpus, seed=0), vocab, batch, options.unroll_steps, C,
-                          n_groups=args.groups, widest_filter=options.char_cnn.widest_filter)
-    for _ in range(3):  # loads the shards (and starts the workers)
+        corpus = TokenCorpus.from_files(corpus_file)
+    prepare_s = time.perf_counter() - t0
+    batch = options.batch_size * args.groups  # 128 rows per device, as in the plan
+    batcher = StreamBatcher(corpus, vocab, batch, options.unroll_steps,
+                            options.char_cnn.max_characters_per_token, n_groups=args.groups,
+                            widest_filter=options.char_cnn.widest_filter)
+    if args.workers:
+        batcher = ParallelStreamBatcher(batcher, args.workers)
+    for _ in range(3):  # starts the workers, touches the arrays
         next(batcher)
     t0, n = time.perf_counter(), 0
     while time.perf_counter() - t0 < args.seconds:
@@ -83,9 +83,12 @@ def main(argv=None):
     if args.workers:
         batcher.close()
     result = {"benchmark": "host_input", "config": args.config, "workers": args.workers,
-              "corpus": "kjv" if corpus == kjv else "synthetic zipf", "rows": batch,
-              "groups": args.groups, "batches": n, "seconds": round(seconds, 2),
-              "tokens_per_s": round(tokens / seconds), **_common.machine()}
+              "corpus": "kjv" if corpus_file == kjv else "synthetic zipf",
+              "prepared": args.prepared, "sentences": len(corpus),
+              "prepare_s": round(prepare_s, 2), "rows": batch, "groups": args.groups,
+              "table_shapes": [list(s) for s in batcher.shapes.all()], "batches": n,
+              "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds),
+              **_common.machine()}
     _common.write_json(args.json_out, result)
     print(json.dumps(result))
 

@@ -41,6 +41,39 @@ def op_times(trace_dir: str, steps: int) -> collections.Counter:
     return times
 
 
+def device_busy_fraction(trace_dir: str) -> dict:
+    """The share of the traced steps' wall time in which a device ran work: the
+    union of the device planes' events (an accelerator's kernels; on a CPU,
+    XLA's worker threads) between the first traced step's start and the last
+    one's end (the loop's `train` step annotations on the host)."""
+    import jax
+
+    path = max(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True),
+               key=os.path.getmtime)
+    planes = jax.profiler.ProfileData.from_file(path).planes
+    steps, busy = [], []
+    for plane in planes:
+        device = plane.name.startswith("/device:")
+        for line in plane.lines:
+            for ev in line.events:
+                if not device and ev.name == "train":
+                    steps.append((ev.start_ns, ev.start_ns + ev.duration_ns))
+                if device or (line.name.startswith("tf_XLAEigen")
+                              and not ev.name.startswith(("ThunkExecutor", "SlinkyThreadPool"))):
+                    busy.append((ev.start_ns, ev.start_ns + ev.duration_ns))
+    if not steps or not busy:
+        return {"busy_fraction": None, "traced_steps": len(steps)}
+    lo = min(a for a, _ in steps)
+    hi = max(b for _, b in busy if b >= lo)
+    covered, end = 0.0, lo
+    for a, b in sorted(busy):
+        a, b = max(a, end), min(b, hi)
+        if b > a:
+            covered, end = covered + b - a, b
+    return {"busy_fraction": round(covered / max(hi - lo, 1), 4), "traced_steps": len(steps),
+            "window_ms": round((hi - lo) / 1e6, 2)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="bilm-tf-small", help="a configs/ name to train")

@@ -77,10 +77,10 @@ def run_elmo_jax(config, steps, warmup, dtype, unroll):
 
 def setup(name, dtype="float32", unroll=1):
     """(config, vocabulary, the step train.py runs, a fresh state, its batches
-    as train.py's loop reads them: `loop.Feed` over `loop.make_batcher`)."""
+    as train.py's loop makes them: `loop.make_batcher`, placed on the mesh)."""
     from elmo_jax import training
     from elmo_jax.config import DataConfig
-    from elmo_jax.training.loop import Feed, make_batcher
+    from elmo_jax.training.loop import make_batcher
     from elmo_jax.vocab import Vocabulary, read_word_list
 
     config = _common.load_config(name)
@@ -94,6 +94,21 @@ def setup(name, dtype="float32", unroll=1):
     built = training.create_train_step(config.model, config.train, len(vocab), mesh)
     feed = Feed(make_batcher(config, vocab, mesh), mesh)
     return config, vocab, built, built.init(None, None), feed
+
+
+class Feed:
+    """Global batches in order, each with the data position after it and its
+    number (the loop's `feeding.Feeder` without its thread: timed steps here
+    include no other thread's work)."""
+
+    def __init__(self, batcher, mesh):
+        self.batcher, self.mesh = batcher, mesh
+
+    def next(self):
+        from elmo_jax.training.partitioning import global_batch
+
+        batch = global_batch(next(self.batcher), self.mesh)
+        return batch, self.batcher.position(), self.batcher.batches
 
 
 def worker(name, steps, warmup, dtype, unroll) -> dict:

@@ -4,7 +4,10 @@ every reader of a model reads.
     WORKDIR/checkpoints/STEP/params/  the parameters {"bilm", "softmax"} (softmax rows padded)
     WORKDIR/checkpoints/STEP/train/   the rest of the TrainState: step, opt_state,
                                       lstm_state, rng
-    WORKDIR/checkpoints/STEP/data/    every process's data position (JSON)
+    WORKDIR/checkpoints/STEP/data/    where the run is in its data (JSON: batches made)
+    WORKDIR/checkpoints/STEP/cursors/ each batch row's place in its stream [B, 2], saved
+                                      and restored split by rows like the batch, so any
+                                      number of processes resumes it (`data.streams`)
 
 The parameters are an item of their own so that reading a model needs no
 optimizer and no train step: their shapes come from the checkpoint's metadata.
@@ -46,16 +49,18 @@ def manager(workdir: str, max_to_keep: int = 3,
                                              enable_async_checkpointing=asynchronous))
 
 
-def save(mngr: ocp.CheckpointManager, state, positions: list) -> None:
-    """Save `state` (a TrainState) and every process's data position (a
+def save(mngr: ocp.CheckpointManager, state, data: dict) -> None:
+    """Save `state` (a TrainState) and the data position: `data["json"]` (the
+    same on every process) and `data["cursors"]`, a global [B, 2] array (a
     collective call). Asynchronous, it returns once the arrays are on the host
     and the files are written in the background (`mngr.wait_until_finished()`
     waits for them)."""
     train = {k: getattr(state, k) for k in TRAIN_FIELDS}
-    mngr.save(int(state.step), args=ocp.args.Composite(
-        params=ocp.args.StandardSave(state.params), train=ocp.args.StandardSave(train),
-        data=ocp.args.JsonSave({"process_count": len(positions), "positions": positions})),
-        force=True)
+    items = dict(params=ocp.args.StandardSave(state.params), train=ocp.args.StandardSave(train),
+                 data=ocp.args.JsonSave(data["json"]))
+    if data.get("cursors") is not None:
+        items["cursors"] = ocp.args.StandardSave({"cursors": data["cursors"]})
+    mngr.save(int(state.step), args=ocp.args.Composite(**items), force=True)
 
 
 def _unreadable(where: str, e: Exception) -> CheckpointError:
@@ -66,22 +71,29 @@ def _unreadable(where: str, e: Exception) -> CheckpointError:
         "another --workdir.")
 
 
-def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
-    """(TrainState, {"process_count", "positions"}) of checkpoint `step`, laid
-    out as `abstract_state` (ShapeDtypeStructs with shardings) says."""
+def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, abstract_cursors=None):
+    """(TrainState, data JSON, cursors or None) of checkpoint `step`, laid out
+    as `abstract_state` and `abstract_cursors` (ShapeDtypeStructs with
+    shardings) say; cursors are None where the checkpoint has none."""
     where = os.path.join(str(mngr.directory), str(step))
+    cursors = None
     try:
         if os.path.isdir(os.path.join(where, LEGACY_STATE_ITEM)):
             out = mngr.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-            return out["state"], out["data"]
+            return out["state"], out["data"], None
         train = {k: getattr(abstract_state, k) for k in TRAIN_FIELDS}
-        out = mngr.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract_state.params),
-            train=ocp.args.StandardRestore(train), data=ocp.args.JsonRestore()))
+        items = dict(params=ocp.args.StandardRestore(abstract_state.params),
+                     train=ocp.args.StandardRestore(train), data=ocp.args.JsonRestore())
+        has_cursors = os.path.isdir(os.path.join(where, "cursors"))
+        if has_cursors and abstract_cursors is not None:
+            items["cursors"] = ocp.args.StandardRestore({"cursors": abstract_cursors})
+        out = mngr.restore(step, args=ocp.args.Composite(**items))
+        if "cursors" in items:
+            cursors = out["cursors"]["cursors"]
     except Exception as e:  # orbax raises many kinds; all mean the same to the user
         raise _unreadable(where, e) from None
-    return abstract_state.replace(params=out["params"], **out["train"]), out["data"]
+    return abstract_state.replace(params=out["params"], **out["train"]), out["data"], cursors
 
 
 def latest_step(workdir: str) -> int | None:

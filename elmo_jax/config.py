@@ -47,6 +47,7 @@ class TrainConfig:
     log_every: int = 20
     eval_every: int = 0                       # 0: evaluate at the end only
     checkpoint_every: int = 500
+    checkpoint_every_seconds: float | None = 1800.0  # also save after this much wall time
     max_to_keep: int = 3
     async_checkpoints: bool | None = None     # files written while training goes on;
                                               # None: on accelerators only (checkpoints.py)
@@ -61,6 +62,12 @@ class TrainConfig:
                                               # "bilm-tf": at 0 (see steps.init_softmax)
     softmax_chunk: int = 16384                # vocabulary rows per chunk of the full softmax
     input_workers: int = 0                    # > 0: batches made ahead in this many processes
+    decide_every: int = 10                    # several processes: steps between looking up
+                                              # an agreed stop or timed save (pod.Decisions)
+    transfer_guard: str = "allow"             # device-to-host transfers between log and save
+                                              # steps: "disallow" makes a hidden sync an error
+    profile_steps: str | None = None          # "A:B": a jax.profiler trace of steps A..B
+                                              # in WORKDIR/tensorboard
     scan_unroll: int = 1
     compute_dtype: str = "float32"            # "bfloat16": bf16 matmuls, f32 state
 

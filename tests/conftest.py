@@ -7,7 +7,8 @@ import pytest
 # Tests run on the CPU with a fixed number of host threads; keep JAX quiet.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The end-to-end tests start many processes that compile the same programs:
-# one compilation cache for the whole session (subprocesses inherit it).
+# one compilation cache for the whole session (subprocesses, and pytest-xdist's
+# workers, inherit it; the process that made it removes it).
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     import tempfile
 

@@ -12,9 +12,17 @@ checked, 590 / 1.5e10; seed 1 572 / 570), against an add-one unigram model's
 and lie within 2x of each other. One seed: the suite's time is short, and
 learning across seeds is bench/learn.py's job. Marked e2e (a short training
 run).
+
+The same run is the loop's check on real text: over its 300 steps the host
+reads nothing from the devices except on log and save steps (every read of an
+array's value is counted by step: JAX's transfer guard, which
+`train.transfer_guard` sets on accelerators, lets a CPU's reads through), and
+no program compiles after step 1 (the log records count them).
 """
 import collections
+import json
 import math
+import os
 
 import pytest
 
@@ -51,11 +59,37 @@ def brown_lm(brown_corpus, tmp_path_factory):
     return train, str(d / "heldout.txt"), str(d / "vocab.txt"), math.exp(nll / n)
 
 
+def _count_reads_by_step(monkeypatch) -> collections.Counter:
+    """Device-to-host reads of array values, counted by the training step the
+    loop was at (the step `pod.Decisions.poll` last saw; 0 before step 1)."""
+    from jax._src import array
+
+    from elmo_jax.training import pod
+
+    reads, at = collections.Counter(), {"step": 0}
+    value = array.ArrayImpl._value
+
+    def counted(self):
+        reads[at["step"]] += 1
+        return value.fget(self)
+
+    poll = pod.Decisions.poll
+
+    def tracked(self, step, *args):
+        at["step"] = step
+        return poll(self, step, *args)
+
+    monkeypatch.setattr(array.ArrayImpl, "_value", property(counted))
+    monkeypatch.setattr(pod.Decisions, "poll", tracked)
+    return reads
+
+
 @pytest.mark.parametrize("seed", [0])
-def test_a_young_bilm_beats_unigram_in_both_directions(brown_lm, tmp_path, seed):
+def test_a_young_bilm_beats_unigram_in_both_directions(brown_lm, tmp_path, seed, monkeypatch):
     train, heldout, vocab, unigram = brown_lm
+    reads = _count_reads_by_step(monkeypatch)
     config = load_config("tiny", [
-        f"train.seed={seed}", f"train.max_steps={STEPS}", "train.checkpoint_every=1000000",
+        f"train.seed={seed}", f"train.max_steps={STEPS}", "train.checkpoint_every=150",
         "train.log_every=100", "train.eval_batch_size=64",
         f"model.n_negative_samples_batch={NEGATIVES}", f"data.train_files={train}",
         f"data.vocab_file={vocab}", f"data.eval_files={heldout}"])
@@ -63,3 +97,8 @@ def test_a_young_bilm_beats_unigram_in_both_directions(brown_lm, tmp_path, seed)
     forward, backward = last["eval_ppl_forward"], last["eval_ppl_backward"]
     assert max(forward, backward) < unigram, (forward, backward, unigram)
     assert max(forward, backward) < 2 * min(forward, backward), (forward, backward)
+    with open(os.path.join(tmp_path, "metrics.jsonl")) as fh:
+        records = [json.loads(line) for line in fh]
+    assert [r["step"] for r in records] == [100, 200, 300, 300]  # 3 logs, the evaluation
+    assert all(r["compiled_since_step_1"] == 0 for r in records), records
+    assert set(reads) <= {0, 100, 150, 200, 300} and reads[150] > 0, reads  # logs, saves

@@ -1,14 +1,15 @@
 """Two processes on this machine stand in for two hosts: `train.py
---coordinator_address` starts `jax.distributed`, each process reads its half of
-the shards, the step runs over the global mesh, process 0 writes the metrics,
-checkpoints hold both processes' data positions, and a restart of both resumes.
-Marked e2e."""
+--coordinator_address` starts `jax.distributed`, each process makes its rows of
+the global batch, the step runs over the global mesh, process 0 writes the
+metrics, checkpoints hold every row's data position, a restart of both resumes,
+and so does one process alone (and two from one). Marked e2e."""
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -24,17 +25,33 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _start_two_hosts(files, workdir, max_steps, checkpoint_every=2, extra=((), ())):
+def _train_cmd(files, workdir, max_steps, checkpoint_every):
+    return [sys.executable, os.path.join(REPO, "train.py"), "--config",
+            os.path.join(REPO, "configs", "tiny.json"), "--train_files", files,
+            "--vocab_file", os.path.join(os.path.dirname(files), "vocab.txt"), "--workdir",
+            workdir, "--max_steps", str(max_steps), "--batch_size", "8", "--checkpoint_every",
+            str(checkpoint_every), "--log_every", "1", "--no_progress"]
+
+
+def _start_two_hosts(files, workdir, max_steps, checkpoint_every=2, extra=((), ()), wrapper=()):
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
     return [subprocess.Popen(
-        [sys.executable, os.path.join(REPO, "train.py"), "--config",
-         os.path.join(REPO, "configs", "tiny.json"), "--train_files", files,
-         "--vocab_file", os.path.join(os.path.dirname(files), "vocab.txt"), "--workdir", workdir,
-         "--max_steps", str(max_steps), "--batch_size", "8", "--checkpoint_every",
-         str(checkpoint_every), "--log_every", "1", "--no_progress", "--coordinator_address",
-         f"localhost:{port}", "--num_processes", "2", "--process_id", str(i), *extra[i]],
+        [*_train_cmd(files, workdir, max_steps, checkpoint_every)[:1], *wrapper,
+         *_train_cmd(files, workdir, max_steps, checkpoint_every)[1:]]
+        + ["--coordinator_address", f"localhost:{port}", "--num_processes", "2",
+           "--process_id", str(i), *extra[i]],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+
+def _one_host(files, workdir, max_steps, checkpoint_every=2, devices=2):
+    """One process with `devices` simulated devices."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    r = subprocess.run(_train_cmd(files, workdir, max_steps, checkpoint_every), env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _finish(procs):
@@ -75,8 +92,8 @@ def test_two_processes_train_checkpoint_and_resume(tmp_path):
     assert first[0]["train_loss"] == first[1]["train_loss"]  # one global loss
 
     data = json.load(open(os.path.join(work, "checkpoints", "4", "data", "metadata")))
-    assert data["process_count"] == 2
-    assert data["positions"][0] != data["positions"][1]  # each read its own shard
+    assert data["batches"] == 4 and data["batch_size"] == 8  # one position, of every row
+    assert os.path.isdir(os.path.join(work, "checkpoints", "4", "cursors"))
 
     again = _run_two_hosts(pattern, work, 6)
     assert [r["step"] for r in again] == [6, 6]
@@ -112,18 +129,98 @@ def test_a_stop_reaching_one_process_stops_both_at_one_step(tmp_path, how):
     assert steps[-2:] == [stopped + 1, stopped + 2] and steps.count(stopped + 1) == 1
 
 
-def test_a_bad_shard_on_one_process_stops_both_naming_the_file(tmp_path):
-    """Process 1's shard has a line that is not UTF-8 near its end: it fails
-    reading it, and both processes exit non-zero within seconds (not wait in a
-    collective or in jax.distributed's shutdown), each error naming the process
-    and the file."""
+# train.py with JAX's cross-process collectives counted by the last train step
+# dispatched (0 before step 1)
+_COUNTING_COLLECTIVES = textwrap.dedent("""
+    import atexit, json, runpy, sys
+    from jax.experimental import multihost_utils
+    from elmo_jax.training import loop
+    seen, at = [], {"step": 0}
+    for name in ("process_allgather", "broadcast_one_to_all", "sync_global_devices"):
+        def counted(*args, _real=getattr(multihost_utils, name), _name=name, **kwargs):
+            seen.append([at["step"], _name])
+            return _real(*args, **kwargs)
+        setattr(multihost_utils, name, counted)
+    class Counted:
+        def __init__(self, step):
+            self.step = step
+        def lower(self, *args, **kwargs):
+            return self.step.lower(*args, **kwargs)
+        def __call__(self, *args, **kwargs):
+            at["step"] += 1
+            return self.step(*args, **kwargs)
+    create = loop.create_train_step
+    def counting(*args, **kwargs):
+        built = create(*args, **kwargs)
+        return built._replace(step=Counted(built.step))
+    loop.create_train_step = counting
+    atexit.register(lambda: print("COLLECTIVES " + json.dumps(seen), file=sys.stderr))
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+
+
+def test_the_loop_issues_no_collective_between_log_and_save_steps(tmp_path):
+    """40 steps of two processes logging and saving every 20: JAX's
+    cross-process collectives run before step 1 (the workdir agreement) and
+    at steps 20 and 40 only; the batches' shapes and the stop checks go
+    through the coordination service's key-value store."""
     pattern = _sharded_corpus(tmp_path)
-    bad = tmp_path / "data" / "shard-1.txt"
-    lines = bad.read_bytes().splitlines(keepends=True)
+    every = ("--log_every", "20")
+    procs = _start_two_hosts(pattern, str(tmp_path / "run"), 40, checkpoint_every=20,
+                             extra=(every, every), wrapper=("-c", _COUNTING_COLLECTIVES))
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        line = next(x for x in err.splitlines() if x.startswith("COLLECTIVES "))
+        steps = {step for step, _ in json.loads(line.split(" ", 1)[1])}
+        assert 0 in steps and steps <= {0, 20, 40}, steps
+
+
+def _losses(work):
+    out = {}
+    with open(os.path.join(work, "metrics.jsonl")) as fh:
+        for record in map(json.loads, fh):
+            if "train_loss" in record:
+                out[record["step"]] = record["train_loss"]  # a resumed run's records win
+    return out
+
+
+def test_a_checkpoint_of_two_processes_resumes_on_one_and_of_one_on_two(tmp_path):
+    """Resume on another slice: the data position is one per batch row, so a
+    checkpoint of 2 processes continues in 1 (and of 1 in 2) reading exactly
+    the batches an uninterrupted run reads: its losses are the uninterrupted
+    run's (2 devices every time; the batches' table shapes may differ)."""
+    pattern = _sharded_corpus(tmp_path)
+    straight = str(tmp_path / "straight")
+    _one_host(pattern, straight, 8, checkpoint_every=4)
+    want = _losses(straight)
+    two_then_one, one_then_two = str(tmp_path / "two-one"), str(tmp_path / "one-two")
+    _run_two_hosts(pattern, two_then_one, 4)
+    _one_host(pattern, two_then_one, 8, checkpoint_every=4)
+    _one_host(pattern, one_then_two, 4)
+    _finish(_start_two_hosts(pattern, one_then_two, 8))
+    for work in (two_then_one, one_then_two):
+        got = _losses(work)
+        assert sorted(got) == list(range(1, 9))
+        for step in range(1, 9):
+            assert got[step] == pytest.approx(want[step], rel=1e-5), (work, step)
+
+
+def test_a_bad_shard_on_one_process_stops_both_naming_the_file(tmp_path):
+    """Process 1 is given a shard with a line that is not UTF-8 near its end:
+    it fails reading it, and both processes exit non-zero within seconds (not
+    wait in the first exchange or collective or in jax.distributed's shutdown),
+    each error naming the process, and process 1's the file."""
+    pattern = _sharded_corpus(tmp_path)
+    bad = tmp_path / "bad" / "shard-1.txt"
+    os.makedirs(bad.parent)
+    lines = (tmp_path / "data" / "shard-1.txt").read_bytes().splitlines(keepends=True)
     lines[-3] = b"the caf\xe9 is closed .\n"
     bad.write_bytes(b"".join(lines))
     t0 = time.time()
-    procs = _start_two_hosts(pattern, str(tmp_path / "run"), 20)
+    procs = _start_two_hosts(pattern, str(tmp_path / "run"), 20,
+                             extra=((), ("--train_files", str(bad))))
     outs = [p.communicate(timeout=120) for p in procs]
     assert time.time() - t0 < 60
     for i, (p, (_, err)) in enumerate(zip(procs, outs)):

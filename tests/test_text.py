@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from conftest import FIXTURES, REPO
 from elmo_jax import batch_to_char_ids
 from elmo_jax.chars import BOW_CHAR, EOW_CHAR, PAD_CHAR
-from elmo_jax.data import Batcher, DataError, TextSource, read_sentences
+from elmo_jax.data import Batcher, DataError, TokenCorpus, read_sentences
 from elmo_jax.files import split_lines
 from elmo_jax.vocab import EOS, BOS, build_vocab
 
@@ -124,22 +124,16 @@ def test_read_sentences_keeps_line_numbers(tmp_path):
                                                           ["g"]]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_an_empty_shard_is_skipped(tmp_path, seed):
+def test_empty_lines_and_shards_are_skipped_and_an_empty_corpus_names_its_files(tmp_path):
     (tmp_path / "0.txt").write_text("")
     (tmp_path / "1.txt").write_text("a b c\nd e\n")
     (tmp_path / "2.txt").write_text("\n  \n")
-    source = TextSource(str(tmp_path / "*.txt"), seed=seed)
-    got = [source.next_sentence() for _ in range(9)]
-    assert collections.Counter(map(tuple, got)) == {("a", "b", "c"): 5, ("d", "e"): 4} or \
-        collections.Counter(map(tuple, got)) == {("a", "b", "c"): 4, ("d", "e"): 5}
-
-
-def test_a_corpus_of_empty_shards_names_its_files(tmp_path):
-    (tmp_path / "0.txt").write_text("")
+    corpus = TokenCorpus.from_files(str(tmp_path / "*.txt"))
+    assert [[corpus.spellings[t] for t in corpus.tokens[a + 1:a + 1 + n]]
+            for a, n in zip(corpus.starts, corpus.lengths)] == [["a", "b", "c"], ["d", "e"]]
     (tmp_path / "1.txt").write_text("\n\n")
-    with pytest.raises(DataError, match="0.txt, .*1.txt: the corpus is empty"):
-        TextSource(str(tmp_path / "*.txt")).next_sentence()
+    with pytest.raises(DataError, match="0.txt, .*1.txt, .*2.txt: the corpus is empty"):
+        TokenCorpus.from_files(str(tmp_path / "*.txt"))
 
 
 def test_written_files_follow_the_umask(tmp_path):

@@ -1,4 +1,4 @@
-"""The command-line tools: `elmo-jax train|eval|export|vocab|score|embed`
+"""The command-line tools: `elmo-jax train|eval|export|vocab|prepare|score|plan|embed`
 (installed with the package; `train.py` and `embed.py` in a checkout are the
 same commands). What they share: bad input is a one-line error."""
 from __future__ import annotations
@@ -42,7 +42,7 @@ def print_result(result: dict, out: str | None = None) -> None:
 
 
 COMMANDS = {"train": "train", "eval": "train", "export": "train", "vocab": "train",
-            "score": "train", "plan": "train", "embed": "embed"}
+            "score": "train", "plan": "train", "prepare": "train", "embed": "embed"}
 
 
 def main(argv=None) -> None:

@@ -8,6 +8,7 @@ export|vocab|score`; in a checkout, `python train.py ...`.
   python train.py export --workdir runs/tiny --out runs/tiny/export
   python train.py eval   --workdir runs/tiny --eval_files 'heldout/*.txt'
   python train.py vocab  --train_files 'data/*.txt' --out vocab.txt [--max_vocab N] [--min_count N]
+  python train.py prepare --train_files 'data/*.txt' --out data/prepared  (then --train_files data/prepared)
   python train.py score  --model runs/tiny/export --input sentences.txt --output scores.jsonl
   python train.py plan   --config original --vocab_size 793471 --mesh data=8,model=8
   python train.py plan   --config original --vocab_size 793471 --target v5e-8 --mesh model=8
@@ -26,7 +27,8 @@ import sys
 
 # flag -> config path: the flags users already type, as shorthands for --set
 SHORTHANDS = {
-    "train_files": ("data.train_files", "glob of sentence-per-line text files"),
+    "train_files": ("data.train_files", "glob of sentence-per-line text files, or a folder "
+                                        "made by `train.py prepare`"),
     "vocab_file": ("data.vocab_file", "bilm-tf vocabulary (see `train.py vocab`)"),
     "eval_files": ("data.eval_files", "glob of held-out files for perplexity"),
     "init_from": ("data.init_from", "fine-tune: a weights.hdf5 (options.json beside it), "
@@ -39,6 +41,8 @@ SHORTHANDS = {
     "eval_every": ("train.eval_every", None),
     "checkpoint_every": ("train.checkpoint_every", None),
     "log_every": ("train.log_every", None),
+    "profile_steps": ("train.profile_steps", "A:B: a jax.profiler trace of steps A to B in "
+                                             "WORKDIR/tensorboard (TensorBoard, Perfetto)"),
     "batch_size": ("model.batch_size", "override the model options' batch_size: the global "
                                        "batch, split over every device"),
 }
@@ -122,6 +126,25 @@ def _vocab(argv, prog):
     v, stats = data.vocab_from_files(args.train_files, args.max_vocab, args.min_count)
     v.to_file(args.out)
     print(json.dumps({"out": args.out, **stats}))
+
+
+def _prepare(argv, prog):
+    ap = argparse.ArgumentParser(prog=prog, description=(
+        "Turn training text into token ids once (memory-mapped numpy: every sentence's "
+        "spellings, out-of-vocabulary ones kept, and the spellings): a run reads its batches "
+        "from the folder by array slicing. Give the folder as --train_files."))
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--train_files", help="glob of sentence-per-line text files")
+    src.add_argument("--source", choices=["lm1b"], help="TensorFlow Datasets' lm1b (train)")
+    ap.add_argument("--out", required=True, help="the folder to write")
+    args = ap.parse_args(argv)
+    from elmo_jax import data
+
+    if args.source == "lm1b":
+        record = data.TokenCorpus.from_sentences(data.lm1b_sentences("train")).save(args.out)
+        print(json.dumps({**record, "out_dir": args.out}))
+    else:
+        print(json.dumps(data.prepare(args.train_files, args.out)))
 
 
 def _score(argv, prog):
@@ -216,7 +239,7 @@ def _plan(argv, prog):
 def main(argv=None, prog: str = "train.py"):
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"export": _export, "eval": _eval, "vocab": _vocab, "score": _score,
-                "plan": _plan}
+                "plan": _plan, "prepare": _prepare}
     if argv and argv[0] in commands:
         return commands[argv[0]](argv[1:], f"{prog} {argv[0]}")
     return _train(argv, prog)

@@ -53,11 +53,12 @@ class CharIdCache:
 class Batcher:
     """B parallel streams of sentences cut into windows of `unroll_steps`.
 
-    `source` is a TextSource/IndexedSource (training: never runs dry) or any
-    iterable of sentences (evaluation: the last windows are padded and
-    `mask` marks the real positions; iteration stops when every row is empty).
-    `widest_filter` (the model's, when > 0) cuts each batch's token spellings
-    to the characters its CNN needs."""
+    `source` is an iterable of sentences, read once (evaluation; training
+    reads `streams.StreamBatcher`'s batches): row i takes the next sentence
+    when its own is used up, the last windows are padded and `mask` marks the
+    real positions; iteration stops when every row is empty. `widest_filter`
+    (the model's, when > 0) cuts each batch's token spellings to the
+    characters its CNN needs."""
 
     def __init__(self, source, vocab: Vocabulary, batch_size: int, unroll_steps: int,
                  max_chars: int = MAX_CHARS, n_groups: int = 1, table_bucket: int = 128,
@@ -70,11 +71,9 @@ class Batcher:
         self.chars = CharIdCache(max_chars)
         self.rows: list[list[str]] = [[] for _ in range(batch_size)]  # current sentence, forward
         self.offsets = [0] * batch_size
-        self._once = None if hasattr(source, "next_sentence") else iter(source)
+        self._once = iter(source)
 
     def _next_sentence(self) -> list[str] | None:
-        if self._once is None:
-            return self.source.next_sentence()
         return next(self._once, None)
 
     def __iter__(self):
@@ -130,19 +129,6 @@ class Batcher:
         if self.widest_filter:
             token_chars = trim_padding(token_chars, self.widest_filter)
         return token_chars, index
-
-    # -- resumable position ---------------------------------------------------
-    def position(self) -> dict:
-        src = self.source.position() if self._once is None else None
-        return {"source": src, "rows": [list(r) for r in self.rows], "offsets": list(self.offsets)}
-
-    def restore(self, position: dict) -> None:
-        if len(position["rows"]) != self.B:
-            raise DataError(f"the saved data position has {len(position['rows'])} rows, "
-                            f"this run has batch size {self.B}")
-        self.source.restore(position["source"])
-        self.rows = [list(r) for r in position["rows"]]
-        self.offsets = list(position["offsets"])
 
 
 def pad_tables(batch: dict, n: int, width: int | None = None) -> dict:

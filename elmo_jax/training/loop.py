@@ -8,6 +8,7 @@ times a run; then it stops, keeping the last good checkpoint).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import math
@@ -17,8 +18,10 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from elmo_jax import checkpoints
 from elmo_jax import data as data_lib
@@ -27,16 +30,27 @@ from elmo_jax.model import init_state
 from elmo_jax.options import ElmoOptions
 from elmo_jax.softmax import pad_softmax
 from elmo_jax.stored import StoredModel, open_model, read_run
-from elmo_jax.training.partitioning import (check_divisible, create_train_step,
+from elmo_jax.data import pad_tables
+from elmo_jax.training.feeding import Feeder
+from elmo_jax.training.partitioning import (batch_shardings, check_divisible, create_train_step,
                                             global_batch, lstm_state_sharding, make_mesh,
-                                            process_part, train_mesh)
-from elmo_jax.training.pod import agree_on_the_workdir, failures_stop_every_process
+                                            process_part, process_rows, train_mesh)
+from elmo_jax.training.pod import Decisions, agree_on_the_workdir, failures_stop_every_process
 from elmo_jax.training.steps import eval_step
 from elmo_jax.training.workdir import (MetricsLog, TrainingError, load_pretrained,
                                        restore_checkpoint, save_checkpoint, write_run)
 from elmo_jax.vocab import Vocabulary
 
-_eval_step_jit = jax.jit(eval_step, static_argnames=("options", "config", "mesh"))
+
+_COMPILED = [0]  # programs XLA compiled in this process (JAX's monitoring events)
+
+
+def _count_compile(event: str, duration: float, **kwargs) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILED[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
 
 
 def _check_eval_batch(config: TrainConfig, n_devices: int) -> None:
@@ -45,14 +59,57 @@ def _check_eval_batch(config: TrainConfig, n_devices: int) -> None:
                           f"the {n_devices} devices")
 
 
+def _eval_sums(params, state, sums, batch, *, options, config, mesh):
+    """eval_step with the sums kept on the devices: (state, sums [3]: the two
+    directions' summed losses and the predictions)."""
+    state, nll, n = eval_step(params, state, batch, options=options, config=config, mesh=mesh)
+    return state, sums + jnp.concatenate([nll, n[None]])
+
+
+@functools.lru_cache(maxsize=8)
+def _eval_jit(options: ElmoOptions, config: TrainConfig, mesh):
+    """(the jitted evaluation step, its batches' table shape, the start state
+    maker) for `config.eval_batch_size` streams over `mesh`. One shape, the
+    largest a window can need (two rows a position, the full width), so that
+    it compiles once; `warm_evaluation` compiles it before training."""
+    B, U = config.eval_batch_size, config.eval_unroll_steps
+    shape = (data_lib.largest_table(B // mesh.size, U), options.char_cnn.max_characters_per_token)
+    init = jax.jit(functools.partial(init_state, options, B),
+                   out_shardings=lstm_state_sharding(mesh))
+    step = jax.jit(functools.partial(_eval_sums, options=options, config=config, mesh=mesh),
+                   donate_argnums=(1, 2),
+                   out_shardings=(lstm_state_sharding(mesh), NamedSharding(mesh, P())))
+    return step, shape, init
+
+
+def _eval_batch_spec(options, config, mesh, shape) -> dict:
+    B, U = config.eval_batch_size, config.eval_unroll_steps
+    shardings = batch_shardings(mesh)
+    specs = {"token_chars": ((mesh.size, *shape), np.int32),
+             "token_index": ((2, B, U), np.int32), "targets": ((2, B, U), np.int32),
+             "mask": ((B, U), np.bool_)}
+    return {k: jax.ShapeDtypeStruct(*v, sharding=shardings[k]) for k, v in specs.items()}
+
+
+def warm_evaluation(params, options: ElmoOptions, config: TrainConfig, mesh) -> None:
+    """Compile the evaluation step for `params` (as training holds them) now."""
+    step, shape, init = _eval_jit(options, config, mesh)
+    init.lower().compile()
+    step.lower(params, jax.eval_shape(init), jax.ShapeDtypeStruct((3,), jnp.float32,
+                                                                  sharding=NamedSharding(mesh, P())),
+               _eval_batch_spec(options, config, mesh, shape)).compile()
+
+
 def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Vocabulary,
              eval_files: str, mesh=None) -> dict:
     """Perplexity over held-out files, read once in order by `eval_batch_size`
     streams with the state carried: forward, backward, and bilm-tf's number,
     exp of the mean of the two directions' mean losses.
 
-    Over a mesh of several processes each process scores its share of the
-    streams (the text is read everywhere, so the streams are the ones a single
+    The sums stay on the devices and are read once at the end; every batch
+    has one shape (one program, compiled ahead when training evaluates). Over
+    a mesh of several processes each process scores its share of the streams
+    (the text is read everywhere, so the streams are the ones a single
     process reads) and the sums are global: one perplexity, equal to a single
     process's."""
     if mesh is None and jax.process_count() > 1:  # a local mesh would score a share only
@@ -60,20 +117,19 @@ def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Voc
                           "the global mesh (mesh=, every process calling it), or run it in "
                           "one process")
     mesh = mesh if mesh is not None else make_mesh(1, jax.local_devices()[:1])
-    n_rows = mesh.size
-    _check_eval_batch(config, n_rows)
+    _check_eval_batch(config, mesh.size)
+    step, (rows, width), init = _eval_jit(options, config, mesh)
     batcher = data_lib.Batcher(data_lib.OnceSource(eval_files), vocab, config.eval_batch_size,
                                config.eval_unroll_steps,
-                               options.char_cnn.max_characters_per_token, n_groups=n_rows,
-                               widest_filter=options.char_cnn.widest_filter)
-    step = functools.partial(_eval_step_jit, options=options, config=config, mesh=mesh)
-    state = jax.jit(functools.partial(init_state, options, config.eval_batch_size),
-                    out_shardings=lstm_state_sharding(mesh))()
-    total, count = np.zeros(2), 0.0
+                               options.char_cnn.max_characters_per_token, n_groups=mesh.size,
+                               table_bucket=1)  # padded to the one shape below
+    state = init()
+    sums = jax.device_put(np.zeros(3, np.float32), NamedSharding(mesh, P()))
     for batch in batcher:
-        state, nll, n = step(params, state, global_batch(process_part(batch, mesh), mesh))
-        total += np.asarray(nll.addressable_data(0), np.float64)
-        count += float(n.addressable_data(0))
+        batch = pad_tables(process_part(batch, mesh), rows, width)
+        state, sums = step(params, state, sums, global_batch(batch, mesh))
+    sums = np.asarray(jax.device_get(sums), np.float64)
+    total, count = sums[:2], sums[2]
     if count == 0:
         raise data_lib.DataError(f"no held-out sentences in {eval_files!r}")
     mean = total / count
@@ -117,26 +173,33 @@ def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bo
     return config.replace(model=model.replace(n_tokens_vocab=len(vocab))), pretrained
 
 
-def make_batcher(config: Config, vocab: Vocabulary, mesh, source=None):
-    """This process's rows of the global batch, one token table per local device."""
+def open_training_corpus(config: Config, source=None) -> data_lib.TokenCorpus:
+    """The run's corpus: `source` (a TokenCorpus or sentences), TFDS's lm1b, or
+    `data.train_files` (a prepared folder, memory-mapped, or text shards,
+    prepared in memory by every process)."""
+    if isinstance(source, data_lib.TokenCorpus):
+        return source
+    if source is not None:
+        return data_lib.TokenCorpus.from_sentences(source)
+    if config.data.source == "lm1b":
+        return data_lib.TokenCorpus.from_sentences(data_lib.lm1b_sentences("train"))
+    if not config.data.train_files:
+        raise ConfigError("no training data: give --train_files (data.train_files) or "
+                          "--source lm1b")
+    return data_lib.open_corpus(config.data.train_files)
+
+
+def make_batcher(config: Config, vocab: Vocabulary, mesh, source=None) -> data_lib.StreamBatcher:
+    """This process's rows of the global batch, one token table per device."""
     options = config.model
-    rows, groups = options.batch_size // jax.process_count(), mesh.size // jax.process_count()
-    shape = (options.unroll_steps, options.char_cnn.max_characters_per_token)
-    widest = options.char_cnn.widest_filter  # batches spell tokens only as far as the CNN needs
-    where = dict(seed=config.train.seed, process_index=jax.process_index(),
-                 process_count=jax.process_count())
-    if source is None and config.data.source == "lm1b":
-        source = data_lib.lm1b_source("train", **where)
-    elif source is None:
-        if not config.data.train_files:
-            raise ConfigError("no training data: give --train_files (data.train_files) or "
-                              "--source lm1b")
-        if config.train.input_workers > 0:
-            return data_lib.ParallelBatcher(config.data.train_files, vocab, rows, *shape,
-                                            n_groups=groups, workers=config.train.input_workers,
-                                            widest_filter=widest, **where)
-        source = data_lib.TextSource(config.data.train_files, **where)
-    return data_lib.Batcher(source, vocab, rows, *shape, n_groups=groups, widest_filter=widest)
+    batcher = data_lib.StreamBatcher(
+        open_training_corpus(config, source), vocab, options.batch_size, options.unroll_steps,
+        options.char_cnn.max_characters_per_token, n_groups=mesh.size,
+        rows=process_rows(mesh, options.batch_size), seed=config.train.seed,
+        widest_filter=options.char_cnn.widest_filter)
+    if config.train.input_workers > 0:
+        return data_lib.ParallelStreamBatcher(batcher, config.train.input_workers)
+    return batcher
 
 
 def _readable(pattern: str, what: str) -> None:
@@ -161,7 +224,8 @@ def check_before_training(config: Config, vocab: Vocabulary, mesh, source=None) 
     if config.data.eval_files:
         _readable(config.data.eval_files, "held-out file")
         _check_eval_batch(tc, mesh.size)
-    if source is None and config.data.source == "text" and config.data.train_files:
+    if (source is None and config.data.source == "text" and config.data.train_files
+            and not data_lib.streams.is_prepared(config.data.train_files)):
         _readable(config.data.train_files, "training file")
     if jax.process_count() > 1 and mesh.shape["model"] > jax.local_device_count():
         raise ConfigError(f"train.mesh_model {mesh.shape['model']} is more than the "
@@ -206,35 +270,44 @@ def _stop_requests():
             signal.signal(sig, h)
 
 
-def _agree(*flags: bool) -> tuple[bool, ...]:
-    """Each flag as any process has it: a signal or a time limit reaches one
-    host, but all must stop at the same step, after one collective checkpoint."""
-    if jax.process_count() == 1:
-        return flags
-    every = multihost_utils.process_allgather(np.array(flags, np.int32))
-    return tuple(bool(x) for x in np.max(every.reshape(-1, len(flags)), axis=0))
-
-
 class _Window:
-    """Training metrics averaged over the steps since the last log record."""
+    """Training metrics since the last log record; the devices' numbers are
+    read only when the loop asks (`read`: on log, save and evaluation steps)."""
 
     def __init__(self, t_start: float):
         self.t_start = t_start
+        self.unread: list = []  # (step, batch number, device metrics)
         self.reset(t_start)
 
     def reset(self, now: float) -> None:
-        self.t, self.tokens, self.loss, self.n = now, 0, 0.0, 0
+        self.t, self.tokens, self.loss, self.n, self.last = now, 0, 0.0, 0, None
 
-    def add(self, loss: float, tokens: int) -> None:
-        self.loss, self.tokens, self.n = self.loss + loss, self.tokens + tokens, self.n + 1
+    def add(self, step: int, number: int, metrics: dict, tokens: int) -> None:
+        self.unread.append((step, number, metrics))
+        self.tokens += tokens
 
-    def record(self, step: int, metrics: dict) -> dict:
+    def read(self) -> tuple[int, int, float] | None:
+        """Fetch the unread steps' metrics (one transfer); the first
+        non-finite loss's (step, batch number, loss), else None."""
+        fetched = jax.device_get([m for _, _, m in self.unread])
+        try:
+            for (step, number, _), m in zip(self.unread, fetched):
+                loss = float(m["loss"])
+                if not math.isfinite(loss):
+                    return step, number, loss
+                self.loss, self.n, self.last = self.loss + loss, self.n + 1, m
+            return None
+        finally:
+            self.unread = []
+
+    def record(self, step: int) -> dict:
         now = time.time()
-        mean = self.loss / self.n
+        mean = self.loss / max(self.n, 1)
+        m = self.last
         out = {"step": step, "train_loss": mean, "train_ppl": math.exp(min(mean, 50.0)),
-               "loss_forward": float(metrics["loss_forward"]),
-               "loss_backward": float(metrics["loss_backward"]),
-               "grad_norm": float(metrics["grad_norm"]),
+               "loss_forward": float(m["loss_forward"]),
+               "loss_backward": float(m["loss_backward"]),
+               "grad_norm": float(m["grad_norm"]),
                "tokens_per_sec": self.tokens / max(now - self.t, 1e-9),
                "elapsed_sec": now - self.t_start}
         self.reset(now)
@@ -257,10 +330,17 @@ class _Progress:
         else:
             self.bar = tqdm(total=None if max_steps == math.inf else max_steps, initial=step,
                             unit="step", **common)
-        self.t0, self.postfix = time.time(), {}
+        self.t0, self.postfix, self.step = time.time(), {}, step
+
+    def set(self, **postfix) -> None:
+        """New numbers beside the bar."""
+        self.postfix.update(postfix)
+        self.bar.set_postfix(refresh=False, **({"step": self.step} if self.by_time else {}),
+                             **self.postfix)
 
     def update(self, step: int, **postfix) -> None:
         self.postfix.update(postfix)
+        self.step = step
         if self.by_time:
             self.bar.set_postfix(refresh=False, step=step, **self.postfix)
             self.bar.update(min(time.time() - self.t0, self.bar.total) - self.bar.n)
@@ -275,11 +355,28 @@ class _Progress:
 
 def train_and_evaluate(config: Config, workdir: str, progress: bool = True, source=None) -> dict:
     """Train (or resume) in `workdir`; returns the last metrics record.
-    `source` replaces the config's sentence source (tests, custom corpora).
-    In a run of several processes an error on any one ends every process
-    (`pod.failures_stop_every_process`)."""
+    `source` replaces the config's corpus (a `data.TokenCorpus` or a list of
+    token lists: tests, custom corpora). In a run of several processes an
+    error on any one ends every process (`pod.failures_stop_every_process`)."""
     with failures_stop_every_process():
         return _train_and_evaluate(config, workdir, progress, source)
+
+
+def compile_ahead(step, abstract_state, shapes, options: ElmoOptions, mesh) -> int:
+    """Compile the train step for every table shape a run's batches take,
+    before step 1 (a jitted step keeps them; a plain function is left alone).
+    Returns the number of programs."""
+    if not hasattr(step, "lower"):
+        return 0
+    B, U = options.batch_size, options.unroll_steps
+    shardings = batch_shardings(mesh)
+    for rows, width in shapes.all():
+        specs = {"token_chars": ((mesh.size, rows, width), np.int32),
+                 "token_index": ((2, B, U), np.int32), "targets": ((2, B, U), np.int32),
+                 "mask": ((B, U), np.bool_)}
+        step.lower(abstract_state, {k: jax.ShapeDtypeStruct(*v, sharding=shardings[k])
+                                    for k, v in specs.items()}).compile()
+    return len(shapes.all())
 
 
 def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) -> dict:
@@ -287,6 +384,7 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
         raise ConfigError("no vocabulary: give --vocab_file (data.vocab_file)")
     vocab = Vocabulary.from_file(config.data.vocab_file)
     os.makedirs(workdir, exist_ok=True)
+    use_compilation_cache(workdir)
     mngr = checkpoints.manager(workdir, config.train.max_to_keep, config.train.async_checkpoints)
     resume_step = mngr.latest_step()
     agree_on_the_workdir(workdir, resume_step)
@@ -295,32 +393,40 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
     check_before_training(config, vocab, mesh, source)
     batcher = make_batcher(config, vocab, mesh, source)
     built = create_train_step(config.model, config.train, len(vocab), mesh)
-    start = batcher.position()
+    t0 = time.time()
+    programs = compile_ahead(built.step, built.abstract_state, batcher.shapes, config.model, mesh)
+    if config.data.eval_files:
+        warm_evaluation(jax.tree.map(lambda a: a, built.abstract_state.params), config.model,
+                        config.train, mesh)
+    if jax.process_index() == 0 and programs:
+        print(f"compiled {programs} train program(s) for token tables of "
+              f"{' or '.join(map(str, batcher.shapes.rows))} rows and "
+              f"{' or '.join(map(str, batcher.shapes.widths))} characters in "
+              f"{time.time() - t0:.1f} s", file=sys.stderr)
 
     def rewind(step: int | None):
-        """The state of checkpoint `step` (None: the run's start), with the
-        batcher set back to its data position."""
-        if hasattr(batcher, "close"):
-            batcher.close()  # input workers restart from the position
+        """(the state of checkpoint `step` (None: the run's start), the batches
+        read before it), with the batcher set back to its data position."""
         if step is None:
-            batcher.restore(start)
+            batcher.restore({"batches": 0, "cursors": None})
             return built.init(*((pretrained.params, pretrained.softmax) if pretrained
-                                else (None, None)))
+                                else (None, None))), 0
         mngr.wait_until_finished()
-        state, position = restore_checkpoint(mngr, step, built.abstract_state)
+        state, position = restore_checkpoint(mngr, step, built.abstract_state, mesh,
+                                             config.model.batch_size)
         batcher.restore(position)
-        return state
+        return state, position["batches"]
 
     if resume_step is not None:
-        state = rewind(resume_step)
+        state, count = rewind(resume_step)
         if jax.process_index() == 0:
             print(f"resuming from the checkpoint of step {resume_step}", file=sys.stderr)
     else:
-        state = rewind(None)
+        state, count = rewind(None)
         write_run(workdir, config, vocab)
     try:
         with _stop_requests() as stop:
-            return _loop(config, vocab, workdir, state, built.step, Feed(batcher, mesh), rewind,
+            return _loop(config, vocab, workdir, state, count, built.step, batcher, mesh, rewind,
                          mngr, stop, resume_step, progress)
     finally:
         mngr.wait_until_finished()
@@ -328,27 +434,31 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
             batcher.close()
 
 
-class Feed:
-    """The run's global batches, counted from where this process started
-    reading; a batch that made the loss non-finite is passed over once the run
-    has gone back to a checkpoint before it."""
-
-    def __init__(self, batcher, mesh):
-        self.batcher, self.mesh = batcher, mesh
-        self.count, self.skip = 0, set()  # batches read; the numbers of those passed over
-
-    def next(self) -> tuple[dict, dict, int]:
-        """(global batch, data position after it, its number)."""
-        while self.count + 1 in self.skip:
-            next(self.batcher)
-            self.count += 1
-        host = next(self.batcher)
-        self.count += 1
-        return global_batch(host, self.mesh), self.batcher.position(), self.count
+def use_compilation_cache(workdir: str) -> None:
+    """JAX's persistent compilation cache, unless the user chose one: a
+    restarted run reaches its first step without compiling again."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+        return
+    root = os.environ.get("ELMO_JAX_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "elmo-jax")
+    jax.config.update("jax_compilation_cache_dir", os.path.join(root, "xla"))
 
 
-def _loop(config, vocab, workdir, state, step_fn, feed, rewind, mngr, stop, last_saved,
-          progress) -> dict:
+def _profile_window(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        a, b = (int(x) for x in str(text).split(":"))
+    except ValueError:
+        raise ConfigError(f"train.profile_steps is A:B (first and last step), got {text!r}") \
+            from None
+    if not 1 <= a <= b:
+        raise ConfigError(f"train.profile_steps {text!r}: need 1 <= A <= B")
+    return a, b
+
+
+def _loop(config, vocab, workdir, state, count, step_fn, batcher, mesh, rewind, mngr, stop,
+          last_saved, progress) -> dict:
     from tqdm import tqdm
 
     tc, eval_files = config.train, config.data.eval_files
@@ -356,67 +466,96 @@ def _loop(config, vocab, workdir, state, step_fn, feed, rewind, mngr, stop, last
     log = MetricsLog(workdir)
     step = int(state.step)
     last = {"step": step}
-    t_start = time.time()
+    t_start = last_save_time = time.time()
     window = _Window(t_start)
-    signalled = False
-    skipped = 0
-    saved_count = 0  # batches read before the last checkpoint (or the start)
+    decisions = Decisions(tc.decide_every)
+    skipped, skip = 0, set()
+    profile = _profile_window(tc.profile_steps)
+    profiling = signalled = False
+    compiled_before = None  # programs compiled before step 1 was dispatched
+    recent: collections.deque = collections.deque(maxlen=3)
     bar = _Progress(step, max_steps, tc.max_seconds, progress)
+    feeder = Feeder(batcher, mesh, count, skip)
     try:
-        batch, position, number = feed.next()
         while step < max_steps:
-            state, metrics = step_fn(state, batch)
-            # the data position after the batch just used, and that batch's number
-            state_position, used = position, number
-            if step + 1 < max_steps:  # made on the host while the device computes
-                batch, position, number = feed.next()
-            loss = float(metrics["loss"])
-            step += 1
-            if not math.isfinite(loss):
+            if profile and step + 1 == profile[0] and not profiling:
+                jax.profiler.start_trace(os.path.join(workdir, "tensorboard"))
+                profiling = True
+            with jax.transfer_guard_device_to_host(tc.transfer_guard):
+                placed = feeder.next()
+                with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
+                    state, metrics = step_fn(state, placed.arrays)
+                step += 1
+                if compiled_before is None:  # a program compiled later stalls the devices
+                    compiled_before = _COMPILED[0]
+                window.add(step, placed.number, metrics, placed.tokens)
+                # the host stays two steps ahead of the devices, no more: waiting
+                # for a step to finish reads nothing back
+                recent.append(metrics["loss"])
+                if len(recent) == recent.maxlen:
+                    jax.block_until_ready(recent[0])
+                timed_out = tc.max_seconds is not None and time.time() - t_start > tc.max_seconds
+                why = ("SIGINT" if stop["signal"] == signal.SIGINT else "SIGTERM") \
+                    if stop["signal"] else "time limit" if timed_out else None
+                save_due = (tc.checkpoint_every_seconds is not None
+                            and time.time() - last_save_time > tc.checkpoint_every_seconds)
+                why, timed_save = decisions.poll(step, why, save_due)
+                bar.update(step)
+            if profiling and step >= profile[1]:
+                jax.block_until_ready(state)
+                jax.profiler.stop_trace()
+                profiling = False
+            stopping = why is not None
+            signalled = stopping and why != "time limit"
+            if signalled:  # another process's notice reaches this one now
+                stop.setdefault("at", time.time())
+            log_now = step % tc.log_every == 0 or step == max_steps or stopping
+            save_now = (step % tc.checkpoint_every == 0 or timed_save or stopping
+                        or step == max_steps)
+            eval_now = bool(eval_files and tc.eval_every and step % tc.eval_every == 0
+                            and not signalled)
+            if not (log_now or save_now or eval_now):
+                continue
+            bad = window.read()
+            if bad is not None:
+                bad_step, number, loss = bad
                 skipped += 1
                 kept = (f"the last good checkpoint (step {last_saved}) is kept"
                         if last_saved is not None else "no checkpoint had been written")
-                log.write({"step": step, "event": "nonfinite_loss", "train_loss": loss,
+                log.write({"step": bad_step, "event": "nonfinite_loss", "train_loss": loss,
                            "back_to_step": last_saved or 0, "skipped_batches": skipped})
                 if skipped > tc.nonfinite_skips:
                     raise TrainingError(
-                        f"the loss became {loss} at step {step}, the {skipped}th non-finite "
+                        f"the loss became {loss} at step {bad_step}, the {skipped}th non-finite "
                         f"loss of this run (train.nonfinite_skips {tc.nonfinite_skips}): "
                         f"training stopped and {kept}. Lower the learning rate or check the "
                         "data.")
-                tqdm.write(f"the loss became {loss} at step {step}: going back to step "
+                tqdm.write(f"the loss became {loss} at step {bad_step}: going back to step "
                            f"{last_saved or 0} and past that batch ({skipped} of "
                            f"{tc.nonfinite_skips} skips)", file=sys.stderr)
-                state = rewind(last_saved)
-                feed.count, step = saved_count, last_saved or 0
-                feed.skip.add(used)
-                batch, position, number = feed.next()
+                feeder.close()
+                skip.add(number)
+                state, count = rewind(last_saved)
+                step = last_saved or 0
+                window.reset(time.time())
+                recent.clear()
+                feeder = Feeder(batcher, mesh, count, skip)
                 continue
-            window.add(loss, int(metrics["tokens"]))
-            timed_out = tc.max_seconds is not None and time.time() - t_start > tc.max_seconds
-            # every process stops at the same step: the reasons are agreed first
-            signalled, timed_out = _agree(bool(stop["signal"]), timed_out)
-            if signalled:  # another process's notice reaches this one now
-                stop.setdefault("at", time.time())
-            stopping = signalled or timed_out
-            if step % tc.log_every == 0 or step == max_steps or stopping:
-                last = window.record(step, metrics)
+            if log_now and window.n:
+                last = {**window.record(step),
+                        "compiled_since_step_1": _COMPILED[0] - compiled_before}
                 log.write(last)
-                bar.update(step, loss=f"{last['train_loss']:.3f}",
-                           tok_s=f"{last['tokens_per_sec']:.0f}")
-            else:
-                bar.update(step)
-            if step % tc.checkpoint_every == 0 or stopping:
-                save_checkpoint(mngr, state, state_position)
-                last_saved, saved_count = step, used
+                bar.set(loss=f"{last['train_loss']:.3f}", tok_s=f"{last['tokens_per_sec']:.0f}")
+            if save_now:
+                save_checkpoint(mngr, state, placed.position, mesh)
+                last_saved, last_save_time = step, time.time()
             # a preemption notice leaves seconds: after a signal, only the checkpoint
-            if eval_files and tc.eval_every and step % tc.eval_every == 0 and not signalled:
-                last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files,
-                                                 feed.mesh)}
+            if eval_now:
+                last = {"step": step, **evaluate(state.params, config.model, tc, vocab,
+                                                 eval_files, mesh),
+                        "compiled_since_step_1": _COMPILED[0] - compiled_before}
                 log.write(last)
             if stopping:
-                why = ("time limit" if timed_out else signal.Signals(stop["signal"]).name
-                       if stop["signal"] else "another process was signalled")
                 took = (f" {time.time() - stop['at']:.1f} s after the signal, without "
                         "evaluating" if signalled else "")
                 tqdm.write(f"stopped at step {step} ({why}){took}; checkpoint saved. Run the "
@@ -425,13 +564,16 @@ def _loop(config, vocab, workdir, state, step_fn, feed, rewind, mngr, stop, last
                     log.write({"step": step, "event": "stopped", "signal": why,
                                "stop_seconds": round(time.time() - stop["at"], 2)})
                 break
-        if step == max_steps and last_saved != step:
-            save_checkpoint(mngr, state, state_position)
         if eval_files and not signalled and not (tc.eval_every and step % tc.eval_every == 0):
             last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files,
-                                             feed.mesh)}
+                                             mesh)}
+            if compiled_before is not None:
+                last["compiled_since_step_1"] = _COMPILED[0] - compiled_before
             log.write(last)
     finally:
+        if profiling:
+            jax.profiler.stop_trace()
+        feeder.close()
         bar.close()
         log.close()
     return last

@@ -15,12 +15,11 @@ from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
-from jax.experimental import mesh_utils, multihost_utils
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from elmo_jax.config import TrainConfig
-from elmo_jax.data import pad_tables
 from elmo_jax.options import ElmoOptions
 from elmo_jax.softmax import ROWS, SOFTMAX_ROW_MULTIPLE, softmax_rows
 from elmo_jax.training.steps import TrainState, init_train_state, make_optimizer, train_step
@@ -151,11 +150,26 @@ def lstm_state_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(None, None, ROWS))
 
 
+def cursor_sharding(mesh: Mesh) -> NamedSharding:
+    """[B, 2] per-row data cursors (`data.StreamBatcher`): rows split like the batch."""
+    return NamedSharding(mesh, P(ROWS))
+
+
+def process_rows(mesh: Mesh, batch_size: int) -> tuple[int, int]:
+    """The global batch rows [start, stop) this process feeds (one block:
+    `device_grid` puts each host's devices in whole rows of the mesh)."""
+    index = cursor_sharding(mesh).addressable_devices_indices_map((batch_size, 2))
+    starts = sorted({(s[0].start or 0, s[0].stop or batch_size) for s in index.values()})
+    start, stop = starts[0][0], starts[-1][1]
+    if sum(b - a for a, b in starts) != stop - start:
+        raise ValueError(f"this process's batch rows are not one block: {starts}")
+    return start, stop
+
+
 def global_batch(local: dict, mesh: Mesh) -> dict:
-    """Host-local numpy batch -> global arrays (each process holds its rows)."""
-    if jax.process_count() > 1:  # the token tables must have one shape everywhere
-        n = multihost_utils.process_allgather(np.array(local["token_chars"].shape[1:]))
-        local = pad_tables(local, *(int(k) for k in np.max(n.reshape(-1, 2), axis=0)))
+    """Host-local numpy batch -> global arrays (each process holds its rows;
+    the token tables must have one shape in every process: evaluation's are
+    padded to a fixed one, training's agreed by `feeding.Feeder`)."""
     shardings = batch_shardings(mesh)
     return {k: jax.make_array_from_process_local_data(shardings[k], v) for k, v in local.items()}
 

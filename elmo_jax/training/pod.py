@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import sys
 import threading
@@ -125,3 +126,88 @@ def agree_on_the_workdir(workdir: str, resume_step: int | None) -> None:
         raise TrainingError(f"the processes see different newest checkpoints in {workdir} "
                             f"(steps {', '.join('none' if s < 0 else str(s) for s in steps)}): "
                             "wait for the shared folder to settle, or remove the partial step")
+
+
+_EXCHANGED: list[str] = []  # this process's keys, deleted once every process has read them
+
+
+def exchange(name: str, value: str, timeout_s: float = 600.0) -> list[str]:
+    """Every process's `value` for `name`, in process order, through the
+    coordination service's key-value store (no device program, no barrier
+    but this one). Every process must call it with the same names in the same
+    order."""
+    client, me = _client(), jax.process_index()
+    key = f"elmo_jax/x/{name}/"
+    client.key_value_set(key + str(me), value)
+    _EXCHANGED.append(key + str(me))
+    out = [value if p == me else client.blocking_key_value_get(key + str(p), int(timeout_s * 1e3))
+           for p in range(jax.process_count())]
+    while len(_EXCHANGED) > 64:  # long read by all: any process is within a few of the others
+        try:
+            client.key_value_delete(_EXCHANGED.pop(0))
+        except Exception:
+            pass
+    return out
+
+
+class Decisions:
+    """When every process stops, and when it saves a checkpoint by wall time,
+    decided without a collective in the step loop. One process alone decides
+    at once. Several: every `cadence` steps each process looks up (without
+    waiting) what has been decided; a process that wants to stop (a signal, its
+    time limit) proposes a step `2 * cadence` ahead, and the first proposal
+    stored wins (process 0's clock alone proposes the timed saves). The
+    processes' loops stay within a few steps of each other (each waits for the
+    step two back), so every process learns the step before it reaches it."""
+
+    _runs = itertools.count()
+
+    def __init__(self, cadence: int = 10):
+        self.cadence, self.run = cadence, next(self._runs)
+        self.stop_at: tuple[int, str] | None = None
+        self.save_at: int | None = None
+        self.saves = 0  # timed saves done (the same count on every process)
+
+    def _key(self, what: str) -> str:
+        return f"elmo_jax/decide/{self.run}/{what}"
+
+    def _propose(self, what: str, value: str) -> None:
+        try:
+            _client().key_value_set(self._key(what), value)  # refused when one is there
+        except Exception:
+            pass
+
+    def _look_up(self, what: str) -> str | None:
+        try:
+            return _client().key_value_try_get(self._key(what))
+        except Exception:  # not there (yet)
+            return None
+
+    def poll(self, step: int, stop_reason: str | None, save_due: bool
+             ) -> tuple[str | None, bool]:
+        """At the end of `step`: (why every process stops now, or None;
+        whether every process saves now)."""
+        if jax.process_count() == 1:
+            return stop_reason, save_due
+        if step % self.cadence == 0:
+            if stop_reason and self.stop_at is None:
+                self._propose("stop", f"{step + 2 * self.cadence}:{jax.process_index()}:"
+                              f"{stop_reason}")
+            if save_due and jax.process_index() == 0 and self.save_at is None:
+                self._propose(f"save/{self.saves}", str(step + 2 * self.cadence))
+            if self.stop_at is None and (found := self._look_up("stop")):
+                at, who, why = found.split(":", 2)
+                self.stop_at = (int(at), why if int(who) == jax.process_index()
+                                else f"process {who}: {why}")
+            if self.save_at is None and (found := self._look_up(f"save/{self.saves}")):
+                self.save_at = int(found)
+        for what, at in (("stop", self.stop_at and self.stop_at[0]), ("save", self.save_at)):
+            if at is not None and step > at:
+                raise RuntimeError(f"process {jax.process_index()} learnt of the {what} at step "
+                                   f"{at} only at step {step}: the processes drifted apart")
+        save = self.save_at == step
+        if save:
+            self.save_at, self.saves = None, self.saves + 1
+        if self.stop_at is not None and self.stop_at[0] == step:
+            return self.stop_at[1], save
+        return None, save

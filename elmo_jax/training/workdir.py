@@ -18,12 +18,12 @@ import os
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 
 from elmo_jax import checkpoints
 from elmo_jax import export as export_lib
 from elmo_jax.config import Config, save_config
 from elmo_jax.stored import CONFIG_FILE, StoredModel, open_model
+from elmo_jax.training.partitioning import cursor_sharding
 from elmo_jax.training.steps import TrainState
 from elmo_jax.vocab import Vocabulary
 
@@ -32,34 +32,52 @@ class TrainingError(RuntimeError):
     """Training cannot go on; the message says why and what was kept."""
 
 
-def gather_json(obj) -> list:
-    """The same JSON-able object from every process, in process order."""
-    if jax.process_count() == 1:
-        return [obj]
-    raw = np.frombuffer(json.dumps(obj).encode(), np.uint8)
-    n = int(np.max(multihost_utils.process_allgather(np.array([raw.size]))))
-    padded = np.zeros(n, np.uint8)
-    padded[:raw.size] = raw
-    every = multihost_utils.process_allgather(padded)
-    return [json.loads(bytes(row).rstrip(b"\0").decode()) for row in every]
+DATA_FORMAT = "streams-1"  # the data position of `data.StreamBatcher`
 
 
-def save_checkpoint(mngr, state: TrainState, data_position: dict) -> None:
-    """Save the state and every process's data position (a collective call;
-    see `checkpoints.save`)."""
-    checkpoints.save(mngr, state, gather_json(data_position))
+def save_checkpoint(mngr, state: TrainState, position: dict, mesh) -> None:
+    """Save the state and the data position after the batch the state last
+    trained on (`StreamBatcher.position()`: this process's rows' cursors, the
+    batches made): the cursors become one global array split by rows, which
+    every process writes its part of; no gather. A collective call."""
+    cursors = np.asarray(position["cursors"], np.int32)
+    checkpoints.save(mngr, state, {
+        "json": {"format": DATA_FORMAT, "batches": int(position["batches"]),
+                 "batch_size": int(cursors.shape[0]) * jax.process_count()},
+        "cursors": jax.make_array_from_process_local_data(cursor_sharding(mesh), cursors)})
 
 
-def restore_checkpoint(mngr, step: int, abstract_state: TrainState) -> tuple[TrainState, dict]:
-    """(state, this process's data position) of checkpoint `step`, which must
-    come from as many processes as this run has."""
-    state, data = checkpoints.restore(mngr, step, abstract_state)
-    if data["process_count"] != jax.process_count():
-        where = os.path.join(str(mngr.directory), str(step))
-        raise TrainingError(f"the checkpoint at {where} was written by "
-                            f"{data['process_count']} processes; this run has "
-                            f"{jax.process_count()}")
-    return state, data["positions"][jax.process_index()]
+def restore_checkpoint(mngr, step: int, abstract_state: TrainState, mesh, batch_size: int
+                       ) -> tuple[TrainState, dict]:
+    """(state, data position of this process's rows) of checkpoint `step`,
+    whatever the number of processes and devices that wrote it, as long as the
+    global batch is the same. A position without cursors (a checkpoint whose
+    data item was rewritten, as the earlier layout's) gives None for them: the
+    batcher finds them again from the batch count."""
+    where = os.path.join(str(mngr.directory), str(step))
+    abstract = jax.ShapeDtypeStruct((batch_size, 2), np.int32, sharding=cursor_sharding(mesh))
+    state, data, cursors = checkpoints.restore(mngr, step, abstract_state, abstract)
+    if data.get("format") != DATA_FORMAT:
+        raise TrainingError(
+            f"the checkpoint at {where} keeps its data position in the format of the earlier "
+            "input pipeline, which this version cannot continue: start a new run from it with "
+            "--init_from " + os.path.dirname(os.path.dirname(where)))
+    if data["batch_size"] != batch_size:
+        raise TrainingError(f"the checkpoint at {where} was trained with a global batch of "
+                            f"{data['batch_size']} rows; this run has {batch_size}: resume with "
+                            f"--batch_size {data['batch_size']} (any number of devices or "
+                            "processes)")
+    local = None
+    if cursors is not None:
+        shards = sorted(cursors.addressable_shards, key=lambda s: s.index[0].start or 0)
+        seen, parts = set(), []
+        for shard in shards:  # replicated over `model`: each row block once
+            start = shard.index[0].start or 0
+            if start not in seen:
+                seen.add(start)
+                parts.append(np.asarray(shard.data))
+        local = np.concatenate(parts).astype(np.int64)
+    return state, {"batches": data["batches"], "cursors": local}
 
 
 def write_run(workdir: str, config: Config, vocab: Vocabulary) -> None:
@@ -89,27 +107,56 @@ def load_pretrained(init_from: str, vocab: Vocabulary) -> StoredModel:
 class MetricsLog:
     """WORKDIR/metrics.jsonl, one JSON record per log or evaluation event, and
     the same numbers as TensorBoard scalars in WORKDIR/tensorboard (tensorboardX:
-    event files without TensorFlow). Process 0 writes."""
+    event files without TensorFlow). Process 0 writes, in a thread of its own,
+    so that the file system never holds up the step loop; `close` waits for
+    every record to be written."""
 
     def __init__(self, workdir: str):
         self.path = os.path.join(workdir, "metrics.jsonl")
         self.tensorboard_dir = os.path.join(workdir, "tensorboard")
-        self._writer = None
+        self._queue = None
+        self._thread = None
+        self._error: BaseException | None = None
 
     def write(self, record: dict) -> None:
         if jax.process_index() != 0:
             return
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
-        if self._writer is None:
-            from tensorboardX import SummaryWriter
+        if self._error is not None:
+            raise self._error
+        if self._thread is None:
+            import queue
+            import threading
 
-            self._writer = SummaryWriter(self.tensorboard_dir, flush_secs=30)
-        for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._writer.add_scalar(key, value, record["step"])
-        self._writer.flush()
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._write_all, daemon=True,
+                                            name="elmo-jax-metrics")
+            self._thread.start()
+        self._queue.put(dict(record))
+
+    def _write_all(self) -> None:
+        from tensorboardX import SummaryWriter
+
+        writer = None
+        try:
+            while (record := self._queue.get()) is not None:
+                with open(self.path, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(record) + "\n")
+                writer = writer or SummaryWriter(self.tensorboard_dir, flush_secs=30)
+                for key, value in record.items():
+                    if (key != "step" and isinstance(value, (int, float))
+                            and not isinstance(value, bool)):
+                        writer.add_scalar(key, value, record["step"])
+                writer.flush()
+        except BaseException as e:  # the next write raises it
+            self._error = e
+        finally:
+            if writer is not None:
+                writer.close()
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error

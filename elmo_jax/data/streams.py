@@ -1,0 +1,370 @@
+"""Training batches as array slicing: a corpus of token ids, B row streams
+in one seeded global order, token tables by `np.unique`, a few fixed shapes.
+
+The corpus (`TokenCorpus`) is every sentence as spelling ids, `<S> w1 .. wn
+</S>` one after another, made once from text (`train.py prepare` writes it as
+memory-mapped numpy; raw text is prepared in memory at the start of a run).
+A spelling is the token as written (out-of-vocabulary ones included: the
+character CNN reads the real word while the softmax's target is `<UNK>`), so
+a batch's character ids are a gather from one table of every spelling.
+
+Streams (`StreamBatcher`): each epoch reads every sentence once in a seeded
+permutation; the epochs' orders one after another are one global sequence of
+sentences, and row r of the B rows reads items r, r + B, r + 2B, ... of it.
+A row's stream depends on nothing but r, B and the seed, so where a run is
+in its data is one number per row (`cursors`: the row's next item and the
+offset in it) plus the batches made: a checkpoint of any number of processes
+resumes on any other number, reading exactly the text an uninterrupted run
+reads. The windows are bilm-tf's (`batches.py`): a sentence of n words gives
+n + 1 positions; forward reads `<S> w1 .. wn`, predicting `w1 .. </S>`, and
+backward reads `</S> wn .. w1`, predicting `wn .. <S>`, position by position
+alongside.
+
+Shapes (`TableShapes`): a batch's token tables have one of at most two row
+counts and two character widths, fixed before training (at most 4 train
+programs, all compiled before step 1): the small ones cover the batches of a
+sample with a margin, the large ones every batch there can be.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import numpy as np
+
+from elmo_jax.chars import EOW_CHAR, token_to_char_ids
+from elmo_jax.data.sources import DataError, list_shards, read_sentences
+from elmo_jax.files import write_json
+from elmo_jax.shapes import round_up
+from elmo_jax.vocab import BOS, EOS, Vocabulary
+
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # spelling ids; the corpus' own spellings follow
+CORPUS_FILE = "corpus.json"       # marks a prepared corpus folder
+FORMAT = "elmo-jax-token-corpus-1"
+
+
+class TokenCorpus:
+    """Sentences as spelling ids.
+
+        spellings [K] str   id -> token as written (0 padding, 1 `<S>`, 2 `</S>`)
+        tokens    [T] int32 each sentence as <S> w1 .. wn </S>, one after another
+        starts    [N] int64 where sentence i's <S> is in `tokens`
+        lengths   [N] int32 its n (>= 1: blank lines are not sentences)
+    """
+
+    def __init__(self, spellings: list[str], tokens: np.ndarray, starts: np.ndarray,
+                 lengths: np.ndarray, files: list[str] | None = None):
+        if len(starts) == 0:
+            where = ", ".join(files) if files else "the training text"
+            raise DataError(f"no sentences in {where}: the corpus is empty")
+        self.spellings, self.tokens, self.starts, self.lengths = spellings, tokens, starts, lengths
+        self.files = files or []
+        self.source_folder: str | None = None  # the prepared folder it was loaded from
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @classmethod
+    def from_sentences(cls, sentences, files=None) -> "TokenCorpus":
+        """From an iterable of token lists (empty ones skipped)."""
+        ids = {"": PAD_ID, BOS: BOS_ID, EOS: EOS_ID}
+        chunks, lengths = [], []
+        for sentence in sentences:
+            if not sentence:
+                continue
+            chunks.append([BOS_ID, *(ids.setdefault(w, len(ids)) for w in sentence), EOS_ID])
+            lengths.append(len(sentence))
+        lengths = np.asarray(lengths, np.int32)
+        starts = np.zeros(len(lengths), np.int64)
+        np.cumsum(lengths[:-1].astype(np.int64) + 2, out=starts[1:])
+        tokens = np.fromiter((t for c in chunks for t in c), np.int32,
+                             count=int(lengths.sum()) + 2 * len(lengths))
+        spellings = [""] * len(ids)
+        for w, i in ids.items():
+            spellings[i] = w
+        return cls(spellings, tokens, starts, lengths, files)
+
+    @classmethod
+    def from_files(cls, pattern: str) -> "TokenCorpus":
+        """Text shards (sentence per line, read as bilm-tf reads them), in
+        sorted order."""
+        paths = list_shards(pattern)
+        return cls.from_sentences((s for p in paths for s in read_sentences(p)), paths)
+
+    def save(self, out_dir: str) -> dict:
+        """As memory-mappable numpy arrays in `out_dir` (each file written whole)."""
+        os.makedirs(out_dir, exist_ok=True)
+        for name in ("tokens", "starts", "lengths"):
+            tmp = os.path.join(out_dir, f".{name}.npy.tmp")
+            with open(tmp, "wb") as fh:
+                np.save(fh, getattr(self, name))
+            os.replace(tmp, os.path.join(out_dir, f"{name}.npy"))
+        with open(os.path.join(out_dir, ".spellings.tmp"), "w", encoding="utf-8") as fh:
+            fh.write("\n".join(self.spellings[3:]) + "\n")
+        os.replace(os.path.join(out_dir, ".spellings.tmp"), os.path.join(out_dir, "spellings.txt"))
+        record = {"format": FORMAT, "sentences": len(self), "tokens": int(self.lengths.sum()),
+                  "spellings": len(self.spellings) - 3, "files": self.files}
+        write_json(os.path.join(out_dir, CORPUS_FILE), record)  # last: marks it whole
+        return record
+
+    @classmethod
+    def load(cls, folder: str) -> "TokenCorpus":
+        """A prepared folder, its arrays memory-mapped."""
+        try:
+            with open(os.path.join(folder, CORPUS_FILE), encoding="utf-8") as fh:
+                record = json.load(fh)
+        except (OSError, ValueError) as e:
+            raise DataError(f"{folder} is not a prepared corpus ({CORPUS_FILE}: {e}); "
+                            "make one with `train.py prepare`") from None
+        if record.get("format") != FORMAT:
+            raise DataError(f"{folder} holds a corpus of format {record.get('format')!r}; this "
+                            f"version reads {FORMAT!r}: prepare it again")
+        arrays = {n: np.load(os.path.join(folder, f"{n}.npy"), mmap_mode="r")
+                  for n in ("tokens", "starts", "lengths")}
+        with open(os.path.join(folder, "spellings.txt"), encoding="utf-8") as fh:
+            words = fh.read().split("\n")[:record["spellings"]]
+        corpus = cls(["", BOS, EOS, *words], files=record.get("files"), **arrays)
+        corpus.source_folder = folder
+        return corpus
+
+
+def is_prepared(path: str | None) -> bool:
+    return bool(path) and os.path.isfile(os.path.join(os.path.expanduser(path), CORPUS_FILE))
+
+
+def open_corpus(train_files: str) -> TokenCorpus:
+    """A prepared folder (memory-mapped) or a glob of text shards (prepared in memory)."""
+    if is_prepared(train_files):
+        return TokenCorpus.load(os.path.expanduser(train_files))
+    return TokenCorpus.from_files(train_files)
+
+
+def prepare(pattern: str, out_dir: str) -> dict:
+    """`train.py prepare`: text shards -> a prepared corpus folder."""
+    t0 = time.time()
+    record = TokenCorpus.from_files(pattern).save(out_dir)
+    return {**record, "out_dir": out_dir, "seconds": round(time.time() - t0, 1)}
+
+
+class SpellingTables:
+    """Per spelling: its character ids [K, C] (uint16), the width the
+    character CNN needs of it (`chars.trim_padding`'s L + widest filter), and
+    its vocabulary id."""
+
+    def __init__(self, spellings: list[str], vocab: Vocabulary, max_chars: int,
+                 widest_filter: int = 0):
+        K = len(spellings)
+        self.chars = np.zeros((K, max_chars), np.uint16)
+        for i, w in enumerate(spellings[1:], 1):
+            self.chars[i] = token_to_char_ids(w, max_chars)
+        last = np.where(self.chars == EOW_CHAR + 1, np.arange(1, max_chars + 1), 0).max(axis=1)
+        self.width = np.minimum(max_chars, last + widest_filter).astype(np.int32)
+        self.width[PAD_ID] = 0
+        self.vocab_ids = vocab.encode(spellings).astype(np.int32)
+        self.max_chars = max_chars
+
+
+@dataclasses.dataclass(frozen=True)
+class TableShapes:
+    """The token tables' row counts and widths a run's batches take (each
+    ascending, at most two); the last of each fits any batch."""
+    rows: tuple[int, ...]
+    widths: tuple[int, ...]
+
+    def all(self) -> list[tuple[int, int]]:
+        return [(r, w) for r in self.rows for w in self.widths]
+
+    def need(self, n_rows: int, width: int) -> tuple[int, int]:
+        """The indices of the smallest row count and width that hold a batch."""
+        return (next(i for i, r in enumerate(self.rows) if r >= n_rows),
+                next(i for i, w in enumerate(self.widths) if w >= width))
+
+    def at(self, need: tuple[int, int]) -> tuple[int, int]:
+        return self.rows[need[0]], self.widths[need[1]]
+
+
+def _table_multiple(n: int) -> int:
+    return 128 if n > 1024 else 8
+
+
+def largest_table(rows: int, unroll_steps: int) -> int:
+    """Token-table rows that hold any window of `rows` rows: two spellings a
+    position (the two readings) and the padding row."""
+    n = 2 * rows * unroll_steps + 1
+    return round_up(n, _table_multiple(n))
+
+
+class StreamBatcher:
+    """This process's rows [`rows`) of the global batch of `batch_size` rows
+    in `n_groups` row groups (one per device), `unroll_steps` positions each.
+
+    `next_parts()` gives a batch whose token tables are not yet padded (with
+    what shape it needs); `assemble` pads it to the shape agreed on;
+    `next(batcher)` does both with the batch's own shape. The dict is
+    `batches.Batcher`'s (its docstring), `mask` all True."""
+
+    def __init__(self, corpus: TokenCorpus, vocab: Vocabulary, batch_size: int,
+                 unroll_steps: int, max_chars: int, n_groups: int = 1,
+                 rows: tuple[int, int] | None = None, seed: int = 0, widest_filter: int = 0,
+                 tables: SpellingTables | None = None, shapes: TableShapes | None = None):
+        if batch_size % n_groups:
+            raise DataError(f"batch size {batch_size} does not split into {n_groups} groups")
+        self.corpus, self.B, self.U, self.S = corpus, batch_size, unroll_steps, n_groups
+        self.per_group = batch_size // n_groups
+        start, stop = rows if rows is not None else (0, batch_size)
+        if start % self.per_group or stop % self.per_group or not 0 <= start < stop <= batch_size:
+            raise DataError(f"rows {start}..{stop} are not whole groups of {self.per_group}")
+        self.rows = np.arange(start, stop, dtype=np.int64)
+        self.seed = seed
+        self.tables = tables or SpellingTables(corpus.spellings, vocab, max_chars, widest_filter)
+        self.shapes = shapes or table_shapes(self)
+        self._perms: dict[int, np.ndarray] = {}
+        self._scratch: np.ndarray | None = None  # [groups * spellings] for the token tables
+        self.restore({"batches": 0, "cursors": np.zeros((len(self.rows), 2), np.int64)})
+        self._M = unroll_steps // 2 + 2  # items a window can touch: each has >= 2 positions
+
+    # -- position ---------------------------------------------------------------
+    def position(self) -> dict:
+        """{"batches": made so far, "cursors": [rows, 2] (next item of the row's
+        stream, offset in it)}."""
+        return {"batches": self.batches, "cursors": np.stack([self.item, self.offset], 1)}
+
+    def restore(self, position: dict) -> None:
+        """Back to `position`; without cursors (None), found again by making
+        its batches' windows from the start."""
+        if position.get("cursors") is None:
+            self.restore({"batches": 0, "cursors": np.zeros((len(self.rows), 2), np.int64)})
+            for _ in range(int(position["batches"])):
+                self._windows()
+            self.batches = int(position["batches"])
+            return
+        cursors = np.asarray(position["cursors"], np.int64).reshape(-1, 2)
+        if len(cursors) != len(self.rows):
+            raise DataError(f"a data position of {len(cursors)} rows for {len(self.rows)}")
+        self.batches = int(position["batches"])
+        self.item, self.offset = cursors[:, 0].copy(), cursors[:, 1].copy()
+
+    # -- streams ----------------------------------------------------------------
+    def _sentence_ids(self, items: np.ndarray) -> np.ndarray:
+        """Global item numbers -> sentence ids (epoch e reads permutation e)."""
+        N = len(self.corpus)
+        epoch, k = np.divmod(items, N)
+        lo, hi = int(epoch.min()), int(epoch.max())
+        if lo == hi:
+            return self._permutation(lo)[k]
+        out = np.empty(items.shape, np.int64)
+        for e in range(lo, hi + 1):
+            where = epoch == e
+            out[where] = self._permutation(e)[k[where]]
+        return out
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            if len(self._perms) >= 3:
+                self._perms.pop(min(self._perms))
+            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(
+                len(self.corpus))
+        return self._perms[epoch]
+
+    def _windows(self):
+        """The next window of every row: spelling ids of the forward and
+        backward inputs and targets, each [rows, U]; the cursors move on."""
+        U, M = self.U, self._M
+        m_ = np.arange(M)
+        sent = self._sentence_ids(self.rows[:, None] + (self.item[:, None] + m_) * self.B)
+        npos = self.corpus.lengths[sent].astype(np.int64) + 1
+        npos[:, 0] -= self.offset
+        ends = np.cumsum(npos, axis=1)                               # [R, M]
+        R, t = len(self.rows), np.arange(U)
+        # item of each position: how many items end at or before it
+        marks = np.bincount((np.arange(R)[:, None] * (U + 1) + np.minimum(ends, U)).ravel(),
+                            minlength=R * (U + 1)).reshape(R, U + 1)
+        m = np.cumsum(marks[:, :U], axis=1)
+        before = np.where(m > 0, np.take_along_axis(ends, np.maximum(m - 1, 0), 1), 0)
+        j = t - before + np.where(m == 0, self.offset[:, None], 0)  # offset in its sentence
+        s = np.take_along_axis(sent, m, 1)
+        a, n = self.corpus.starts[s], self.corpus.lengths[s].astype(np.int64)
+        tok = self.corpus.tokens
+        fwd_in, fwd_out = tok[a + j], tok[a + j + 1]
+        bwd_in, bwd_out = tok[a + n + 1 - j], tok[a + n - j]
+        done = (ends <= U).sum(1)                                    # items used up
+        before_u = np.where(done > 0, np.take_along_axis(ends, np.maximum(done - 1, 0)[:, None],
+                                                         1)[:, 0], 0)
+        self.offset = U - before_u + np.where(done == 0, self.offset, 0)
+        self.item = self.item + done
+        return np.stack([fwd_in, bwd_in]), np.stack([fwd_out, bwd_out])
+
+    # -- batches ----------------------------------------------------------------
+    def next_parts(self) -> dict:
+        """The next batch before padding: {"spellings": [u] the tables'
+        spelling ids, group by group; "counts": [G] each group's; "token_index",
+        "targets", "mask"; "need": the shape indices it needs}."""
+        inputs, outputs = self._windows()                            # [2, R, U]
+        R, G = len(self.rows), len(self.rows) // self.per_group
+        K = len(self.tables.vocab_ids)
+        # distinct spellings of each group without sorting: positions in group
+        # order, the last position of each (group, spelling) stands for it
+        flat = inputs.transpose(1, 0, 2).reshape(G, -1)              # [G, 2 * rows * U]
+        keys = (flat + (np.arange(G) * K)[:, None]).ravel()
+        if self._scratch is None or len(self._scratch) < G * K:
+            self._scratch = np.empty(G * K, np.int64)
+        n = len(keys)
+        self._scratch[keys] = np.arange(n)
+        rep = self._scratch[keys]
+        kept = np.flatnonzero(rep == np.arange(n))
+        counts = np.bincount(kept // flat.shape[1], minlength=G)
+        slot = np.zeros(n, np.int32)
+        slot[kept] = np.arange(len(kept)) - np.repeat(np.cumsum(counts) - counts, counts) + 1
+        index = slot[rep].reshape(R, 2, self.U).transpose(1, 0, 2)
+        spellings = flat.ravel()[kept]
+        width = int(self.tables.width[spellings].max())
+        self.batches += 1
+        return {"spellings": spellings, "counts": counts, "token_index": index,
+                "targets": self.tables.vocab_ids[outputs],
+                "mask": np.ones((R, self.U), bool),
+                "need": self.shapes.need(int(counts.max()) + 1, width)}
+
+    def assemble(self, parts: dict, need: tuple[int, int] | None = None) -> dict:
+        """A batch dict from `next_parts`' output, its tables `need`'s shape."""
+        n, width = self.shapes.at(need if need is not None else parts["need"])
+        counts = parts["counts"]
+        group = np.repeat(np.arange(len(counts)), counts)
+        slot = np.arange(len(group)) - np.repeat(np.cumsum(counts) - counts, counts) + 1
+        token_chars = np.zeros((len(counts), n, width), np.int32)
+        token_chars[group, slot] = self.tables.chars[parts["spellings"], :width]
+        return {"token_chars": token_chars, "token_index": parts["token_index"],
+                "targets": parts["targets"], "mask": parts["mask"]}
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        return self.assemble(self.next_parts())
+
+
+def table_shapes(batcher: StreamBatcher, sample_batches: int = 16, margin: float = 1.25
+                 ) -> TableShapes:
+    """The run's table shapes. The largest fits every batch there can be: two
+    rows a position plus the padding row, or the corpus' spellings if fewer;
+    the widest spelling's width. Where smaller, a second one covers the first
+    `sample_batches` batches of row group 0 with a `margin`. The sample is
+    the same for every process, whatever its rows."""
+    per_group, U, C = batcher.per_group, batcher.U, batcher.tables.max_chars
+    n_spellings = len(batcher.tables.width)
+    largest = min(largest_table(per_group, U), round_up(n_spellings + 1, _table_multiple(
+        n_spellings + 1)))
+    widest = min(C, round_up(int(batcher.tables.width.max()), 8))
+    sample = StreamBatcher(batcher.corpus, None, per_group, U, C, 1, seed=batcher.seed,
+                           tables=batcher.tables, shapes=TableShapes((largest,), (widest,)))
+    most, wide = 0, 0
+    for _ in range(sample_batches):
+        parts = sample.next_parts()
+        most = max(most, int(parts["counts"].max()) + 1)
+        wide = max(wide, int(batcher.tables.width[parts["spellings"]].max()))
+    small = round_up(int(most * margin), _table_multiple(int(most * margin)))
+    narrow = round_up(wide + 2, 8)
+    rows = (small, largest) if small < largest else (largest,)
+    widths = (narrow, widest) if narrow < widest else (widest,)
+    return TableShapes(rows, widths)
