@@ -132,6 +132,10 @@ def config_from_dict(d: dict) -> Config:
     train = _section(TrainConfig, d.get("train", {}), "train")
     if train.softmax not in ("sampled", "full"):
         raise ConfigError(f"'train.softmax' must be 'sampled' or 'full', got {train.softmax!r}")
+    if train.transfer_guard not in TRANSFER_GUARDS:
+        raise ConfigError(f"'train.transfer_guard' must be one of {', '.join(TRANSFER_GUARDS)}, "
+                          f"got {train.transfer_guard!r}")
+    profile_window(train.profile_steps)
     if train.softmax_init not in SOFTMAX_INITS:
         raise ConfigError(f"'train.softmax_init' must be one of {', '.join(SOFTMAX_INITS)}, "
                           f"got {train.softmax_init!r}")
@@ -147,6 +151,23 @@ def config_from_dict(d: dict) -> Config:
                               f"train.learning_rate ({stated}) disagree: set only one")
         train = dataclasses.replace(train, learning_rate=model.learning_rate)
     return Config(model=model, train=train, data=data, description=d.get("description", ""))
+
+
+TRANSFER_GUARDS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
+
+
+def profile_window(text: str | None) -> tuple[int, int] | None:
+    """train.profile_steps "A:B" -> (A, B), the first and last step traced."""
+    if not text:
+        return None
+    try:
+        a, b = (int(x) for x in str(text).split(":"))
+    except ValueError:
+        raise ConfigError(f"'train.profile_steps' is A:B (the first and last step traced), "
+                          f"got {text!r}") from None
+    if not 1 <= a <= b:
+        raise ConfigError(f"'train.profile_steps' {text!r}: need 1 <= A <= B")
+    return a, b
 
 
 def parse_override(text: str) -> tuple[list[str], object]:

@@ -50,6 +50,9 @@ def test_resolved_config_round_trips(tmp_path):
     ("model.lstm.dimm=3", "lstm.dimm"),
     ("data.source=web", "data.source"),
     ("train.softmax_init=zeros", "softmax_init.*unigram, bilm-tf"),
+    ("train.transfer_guard=never", "transfer_guard.*allow, log, disallow"),
+    ("train.profile_steps=5", "profile_steps.*A:B"),
+    ("train.profile_steps=9:3", "need 1 <= A <= B"),
     ("optim.lr=1", "starts with model, train or data"),
     ("train.learning_rate", "PATH=VALUE"),
 ])
@@ -83,7 +86,8 @@ def test_train_py_shorthands_are_config_fields():
     from elmo_jax.cli import train as cli
 
     for flag, (path, _) in cli.SHORTHANDS.items():
-        value = {"source": "lm1b"}.get(flag, 7 if flag in cli.TYPES else "x")
+        value = {"source": "lm1b", "profile_steps": "3:5"}.get(
+            flag, 7 if flag in cli.TYPES else "x")
         config = load_config(os.path.join(REPO, "configs", "tiny.json"),
                              [f"{path}={json.dumps(value)}"])
         section, field = path.split(".")

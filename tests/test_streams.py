@@ -112,9 +112,10 @@ def test_a_position_resumes_on_any_split_of_the_rows():
                 got_spelled, got_targets = decode(next(part), vocab)
                 w = got_spelled.shape[-1]
                 np.testing.assert_array_equal(got_targets, targets[:, p * rows:(p + 1) * rows])
+                wider = ((0, 0),) * 3 + ((0, max(0, w - spelled.shape[-1])),)
                 np.testing.assert_array_equal(
-                    got_spelled, np.pad(spelled, ((0, 0),) * 3 + ((0, max(0, w - spelled.shape[-1])),),
-                                        constant_values=261)[:, p * rows:(p + 1) * rows, :, :w])
+                    got_spelled,
+                    np.pad(spelled, wider, constant_values=261)[:, p * rows:(p + 1) * rows, :, :w])
     found = StreamBatcher(corpus, vocab, 8, 7, 50, 4, seed=1, widest_filter=7)
     found.restore({"batches": 5, "cursors": None})
     np.testing.assert_array_equal(found.position()["cursors"], saved["cursors"])

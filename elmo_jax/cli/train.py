@@ -8,7 +8,7 @@ export|vocab|score`; in a checkout, `python train.py ...`.
   python train.py export --workdir runs/tiny --out runs/tiny/export
   python train.py eval   --workdir runs/tiny --eval_files 'heldout/*.txt'
   python train.py vocab  --train_files 'data/*.txt' --out vocab.txt [--max_vocab N] [--min_count N]
-  python train.py prepare --train_files 'data/*.txt' --out data/prepared  (then --train_files data/prepared)
+  python train.py prepare --train_files 'data/*.txt' --out data/ids  # then --train_files data/ids
   python train.py score  --model runs/tiny/export --input sentences.txt --output scores.jsonl
   python train.py plan   --config original --vocab_size 793471 --mesh data=8,model=8
   python train.py plan   --config original --vocab_size 793471 --target v5e-8 --mesh model=8

@@ -63,7 +63,8 @@ class ParallelStreamBatcher:
         if workers < 1 or groups % workers:
             raise DataError(f"this process's {groups} row groups (one a device) do not split "
                             f"over {workers} input workers: use a divisor of {groups}")
-        self.batcher, self.shapes, self.workers, self.ahead = batcher, batcher.shapes, workers, ahead
+        self.batcher, self.shapes = batcher, batcher.shapes
+        self.workers, self.ahead = workers, ahead
         self.folder = tempfile.mkdtemp(prefix="elmo-jax-input-")
         corpus = batcher.corpus
         if corpus.source_folder is None:

@@ -10,6 +10,7 @@ it, which a checkpoint of the step that used it stores.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import queue
 import threading
@@ -39,7 +40,8 @@ class Feeder:
     def __init__(self, batcher, mesh, count: int, skip=frozenset(), ahead: int = 2,
                  block: int = 16):
         self.batcher, self.mesh, self.count = batcher, mesh, count
-        self.skip, self.block = set(skip), block
+        # one process needs no agreement: a block of one
+        self.skip, self.block = set(skip), block if jax.process_count() > 1 else 1
         self.shardings = batch_shardings(mesh)
         self.generation = next(_GENERATIONS)
         self._queue: queue.Queue = queue.Queue(maxsize=ahead)
@@ -49,24 +51,36 @@ class Feeder:
         self._thread.start()
 
     def _produce(self) -> None:
+        """Make, agree, place: a block is agreed once made whole, and while its
+        batches are placed one by one the next block is made one batch after
+        each placement, so no block is made in one burst while the devices wait."""
+        made, agreed = collections.deque(), collections.deque()
         try:
             while not self._stop.is_set():
-                made = []  # a block of host batches: (parts, number, position)
-                while len(made) < self.block:
-                    parts = self.batcher.next_parts()
-                    self.count += 1
-                    if self.count not in self.skip:
-                        made.append((parts, self.count, self.batcher.position()))
-                needs = self._agree([p["need"] for p, _, _ in made], made[0][1])
-                for (parts, number, position), need in zip(made, needs):
-                    host = self.batcher.assemble(parts, need)
-                    arrays = {k: jax.make_array_from_process_local_data(self.shardings[k], v)
-                              for k, v in host.items()}
-                    tokens = int(parts["mask"].sum()) * jax.process_count()
-                    self._put(Placed(arrays, self.batcher.shapes.at(need), number, position,
-                                     tokens))
+                if not agreed:
+                    while len(made) < self.block:
+                        made.append(self._make())
+                    block = [made.popleft() for _ in range(self.block)]
+                    needs = self._agree([parts["need"] for parts, _, _ in block], block[0][1])
+                    agreed.extend(zip(block, needs))
+                (parts, number, position), need = agreed.popleft()
+                host = self.batcher.assemble(parts, need)
+                arrays = {k: jax.make_array_from_process_local_data(self.shardings[k], v)
+                          for k, v in host.items()}
+                tokens = int(parts["mask"].sum()) * jax.process_count()
+                self._put(Placed(arrays, self.batcher.shapes.at(need), number, position, tokens))
+                if len(made) < self.block:
+                    made.append(self._make())
         except BaseException as e:  # the step loop raises it
             self._put(e)
+
+    def _make(self) -> tuple[dict, int, dict]:
+        """The next batch to use (past those in `skip`): (parts, number, position)."""
+        while True:
+            parts = self.batcher.next_parts()
+            self.count += 1
+            if self.count not in self.skip:
+                return parts, self.count, self.batcher.position()
 
     def _agree(self, needs: list, first: int) -> list:
         """Each batch's shape: the largest any process needs for it."""

@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from elmo_jax import checkpoints
 from elmo_jax import data as data_lib
-from elmo_jax.config import Config, ConfigError, TrainConfig
+from elmo_jax.config import Config, ConfigError, TrainConfig, profile_window
 from elmo_jax.model import init_state
 from elmo_jax.options import ElmoOptions
 from elmo_jax.softmax import pad_softmax
@@ -95,8 +95,8 @@ def warm_evaluation(params, options: ElmoOptions, config: TrainConfig, mesh) -> 
     """Compile the evaluation step for `params` (as training holds them) now."""
     step, shape, init = _eval_jit(options, config, mesh)
     init.lower().compile()
-    step.lower(params, jax.eval_shape(init), jax.ShapeDtypeStruct((3,), jnp.float32,
-                                                                  sharding=NamedSharding(mesh, P())),
+    sums = jax.ShapeDtypeStruct((3,), jnp.float32, sharding=NamedSharding(mesh, P()))
+    step.lower(params, jax.eval_shape(init), sums,
                _eval_batch_spec(options, config, mesh, shape)).compile()
 
 
@@ -444,19 +444,6 @@ def use_compilation_cache(workdir: str) -> None:
     jax.config.update("jax_compilation_cache_dir", os.path.join(root, "xla"))
 
 
-def _profile_window(text: str | None) -> tuple[int, int] | None:
-    if not text:
-        return None
-    try:
-        a, b = (int(x) for x in str(text).split(":"))
-    except ValueError:
-        raise ConfigError(f"train.profile_steps is A:B (first and last step), got {text!r}") \
-            from None
-    if not 1 <= a <= b:
-        raise ConfigError(f"train.profile_steps {text!r}: need 1 <= A <= B")
-    return a, b
-
-
 def _loop(config, vocab, workdir, state, count, step_fn, batcher, mesh, rewind, mngr, stop,
           last_saved, progress) -> dict:
     from tqdm import tqdm
@@ -470,7 +457,7 @@ def _loop(config, vocab, workdir, state, count, step_fn, batcher, mesh, rewind, 
     window = _Window(t_start)
     decisions = Decisions(tc.decide_every)
     skipped, skip = 0, set()
-    profile = _profile_window(tc.profile_steps)
+    profile = profile_window(tc.profile_steps)
     profiling = signalled = False
     compiled_before = None  # programs compiled before step 1 was dispatched
     recent: collections.deque = collections.deque(maxlen=3)
@@ -506,7 +493,7 @@ def _loop(config, vocab, workdir, state, count, step_fn, batcher, mesh, rewind, 
                 jax.profiler.stop_trace()
                 profiling = False
             stopping = why is not None
-            signalled = stopping and why != "time limit"
+            signalled = stopping and not why.endswith("time limit")
             if signalled:  # another process's notice reaches this one now
                 stop.setdefault("at", time.time())
             log_now = step % tc.log_every == 0 or step == max_steps or stopping
