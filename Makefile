@@ -20,13 +20,15 @@ $(STAMP): requirements.txt requirements-accelerators.txt pyproject.toml
 		--target $(VENV)/accelerators -r requirements-accelerators.txt
 	touch $(STAMP)
 
+# two pytest workers (pytest-xdist), a test file each at a time: most tests
+# compile or start processes on one core, and the machines here have two
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
-# the quick tier for the edit-test loop (under 3 minutes on 2 cores): the unit
+# the quick tier for the edit-test loop (under 2.5 minutes on 2 cores): the unit
 # tests, without the end-to-end runs and the few slow statistical ones
 check: $(STAMP)
-	$(PY) -m pytest -q -m "not e2e and not slow" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not e2e and not slow" tests
 
 demo: $(STAMP)
 	$(PY) demo.py
