@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from elmo_jax import batch_to_char_ids
-from elmo_jax.data import Batcher, DataError, OnceSource, read_sentences
+from elmo_jax.data import Batcher, DataError, list_shards, read_sentences
 from elmo_jax.vocab import build_vocab
 
 
@@ -89,4 +89,4 @@ def test_bad_text(tmp_path):
     with pytest.raises(DataError, match=r"bad.txt, line 2: not valid UTF-8"):
         read_sentences(str(tmp_path / "bad.txt"))
     with pytest.raises(DataError, match="no files match"):
-        OnceSource(str(tmp_path / "nothing*.txt"))
+        list_shards(str(tmp_path / "nothing*.txt"))

@@ -184,3 +184,28 @@ def test_input_workers_make_the_same_batches_and_say_when_one_dies(tmp_path):
         par.close()
     with pytest.raises(DataError, match="4 row groups .* do not split over 3 input workers"):
         ParallelStreamBatcher(single, workers=3)
+
+
+def test_once_reads_every_sentence_in_order_then_padding():
+    """Evaluation's streams: row r reads sentences r, r + B, ... of the corpus
+    in order, each word predicted once per direction, then padding (mask
+    False) for the `batches_once` windows the longest row needs."""
+    from elmo_jax.data import batches_once
+
+    sentences, vocab = _corpus(23)
+    corpus = TokenCorpus.from_sentences(sentences)
+    B, U = 4, 6
+    batcher = StreamBatcher(corpus, vocab, B, U, 50, 2, once=True)
+    n = batches_once(corpus, B, U)
+    batches = [next(batcher) for _ in range(n + 1)]
+    assert batches[n - 1]["mask"].any() and not batches[n]["mask"].any()
+    words = np.array(vocab.words)
+    for r in range(B):
+        want_forward, want_backward = [], []
+        for s in sentences[r::B]:
+            known = [w if w in vocab.words else "<UNK>" for w in s]
+            want_forward += known + ["</S>"]
+            want_backward += known[::-1] + ["<S>"]
+        got = [[words[b["targets"][d, r]][b["mask"][r]] for b in batches] for d in (0, 1)]
+        assert list(np.concatenate(got[0])) == want_forward
+        assert list(np.concatenate(got[1])) == want_backward

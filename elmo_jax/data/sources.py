@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Iterator
-
 from elmo_jax.files import split_lines
 from elmo_jax.vocab import Vocabulary, build_vocab, count_tokens
 
@@ -52,17 +50,6 @@ def vocab_from_files(pattern: str, max_vocab: int | None = None, min_count: int 
     total = sum(counts.values())
     covered = sum(counts[w] for w in v.words[3:])
     return v, {"size": len(v), "tokens": total, "coverage": round(covered / max(1, total), 4)}
-
-
-class OnceSource:
-    """Sentences from files in order, once (evaluation)."""
-
-    def __init__(self, pattern: str):
-        self.paths = list_shards(pattern)
-
-    def __iter__(self) -> Iterator[list[str]]:
-        for path in self.paths:
-            yield from read_sentences(path)
 
 
 def lm1b_records(split: str = "train", data_dir: str | None = None):

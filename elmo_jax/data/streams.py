@@ -203,12 +203,16 @@ class StreamBatcher:
     `next_parts()` gives a batch whose token tables are not yet padded (with
     what shape it needs); `assemble` pads it to the shape agreed on;
     `next(batcher)` does both with the batch's own shape. The dict is
-    `batches.Batcher`'s (its docstring), `mask` all True."""
+    `batches.Batcher`'s (its docstring); `mask` is all True in training. With
+    `once` (evaluation) the corpus is read once, in order: row r reads
+    sentences r, r + B, ... and then only padding (mask False), for
+    `batches_once` windows."""
 
     def __init__(self, corpus: TokenCorpus, vocab: Vocabulary, batch_size: int,
                  unroll_steps: int, max_chars: int, n_groups: int = 1,
                  rows: tuple[int, int] | None = None, seed: int = 0, widest_filter: int = 0,
-                 tables: SpellingTables | None = None, shapes: TableShapes | None = None):
+                 tables: SpellingTables | None = None, shapes: TableShapes | None = None,
+                 once: bool = False):
         if batch_size % n_groups:
             raise DataError(f"batch size {batch_size} does not split into {n_groups} groups")
         self.corpus, self.B, self.U, self.S = corpus, batch_size, unroll_steps, n_groups
@@ -217,7 +221,7 @@ class StreamBatcher:
         if start % self.per_group or stop % self.per_group or not 0 <= start < stop <= batch_size:
             raise DataError(f"rows {start}..{stop} are not whole groups of {self.per_group}")
         self.rows = np.arange(start, stop, dtype=np.int64)
-        self.seed = seed
+        self.seed, self.once = seed, once
         self.tables = tables or SpellingTables(corpus.spellings, vocab, max_chars, widest_filter)
         self.shapes = shapes or table_shapes(self)
         self._perms: dict[int, np.ndarray] = {}
@@ -248,8 +252,11 @@ class StreamBatcher:
 
     # -- streams ----------------------------------------------------------------
     def _sentence_ids(self, items: np.ndarray) -> np.ndarray:
-        """Global item numbers -> sentence ids (epoch e reads permutation e)."""
+        """Global item numbers -> sentence ids (epoch e reads permutation e;
+        `once`: the corpus in order, item i sentence i, and 0 past its end)."""
         N = len(self.corpus)
+        if self.once:
+            return np.where(items < N, items, 0)
         epoch, k = np.divmod(items, N)
         lo, hi = int(epoch.min()), int(epoch.max())
         if lo == hi:
@@ -273,9 +280,12 @@ class StreamBatcher:
         backward inputs and targets, each [rows, U]; the cursors move on."""
         U, M = self.U, self._M
         m_ = np.arange(M)
-        sent = self._sentence_ids(self.rows[:, None] + (self.item[:, None] + m_) * self.B)
+        items = self.rows[:, None] + (self.item[:, None] + m_) * self.B
+        sent = self._sentence_ids(items)
         npos = self.corpus.lengths[sent].astype(np.int64) + 1
         npos[:, 0] -= self.offset
+        real = items < len(self.corpus) if self.once else np.ones(items.shape, bool)
+        npos[~real] = U + 1  # past the end (`once`): a row stays there, masked
         ends = np.cumsum(npos, axis=1)                               # [R, M]
         R, t = len(self.rows), np.arange(U)
         # item of each position: how many items end at or before it
@@ -287,21 +297,22 @@ class StreamBatcher:
         s = np.take_along_axis(sent, m, 1)
         a, n = self.corpus.starts[s], self.corpus.lengths[s].astype(np.int64)
         tok = self.corpus.tokens
-        fwd_in, fwd_out = tok[a + j], tok[a + j + 1]
-        bwd_in, bwd_out = tok[a + n + 1 - j], tok[a + n - j]
+        live = np.take_along_axis(real, m, 1)                       # [R, U]
+        fwd_in, fwd_out = tok[a + j] * live, tok[a + j + 1] * live  # PAD_ID where not live
+        bwd_in, bwd_out = tok[a + n + 1 - j] * live, tok[a + n - j] * live
         done = (ends <= U).sum(1)                                    # items used up
         before_u = np.where(done > 0, np.take_along_axis(ends, np.maximum(done - 1, 0)[:, None],
                                                          1)[:, 0], 0)
         self.offset = U - before_u + np.where(done == 0, self.offset, 0)
         self.item = self.item + done
-        return np.stack([fwd_in, bwd_in]), np.stack([fwd_out, bwd_out])
+        return np.stack([fwd_in, bwd_in]), np.stack([fwd_out, bwd_out]), live
 
     # -- batches ----------------------------------------------------------------
     def next_parts(self) -> dict:
         """The next batch before padding: {"spellings": [u] the tables'
         spelling ids, group by group; "counts": [G] each group's; "token_index",
         "targets", "mask"; "need": the shape indices it needs}."""
-        inputs, outputs = self._windows()                            # [2, R, U]
+        inputs, outputs, live = self._windows()                      # [2, R, U]
         R, G = len(self.rows), len(self.rows) // self.per_group
         K = len(self.tables.vocab_ids)
         # distinct spellings of each group without sorting: positions in group
@@ -322,8 +333,8 @@ class StreamBatcher:
         width = int(self.tables.width[spellings].max())
         self.batches += 1
         return {"spellings": spellings, "counts": counts, "token_index": index,
-                "targets": self.tables.vocab_ids[outputs],
-                "mask": np.ones((R, self.U), bool),
+                "targets": self.tables.vocab_ids[outputs] * live,
+                "mask": live,
                 "need": self.shapes.need(int(counts.max()) + 1, width)}
 
     def assemble(self, parts: dict, need: tuple[int, int] | None = None) -> dict:
@@ -342,6 +353,15 @@ class StreamBatcher:
 
     def __next__(self) -> dict:
         return self.assemble(self.next_parts())
+
+
+def batches_once(corpus: TokenCorpus, batch_size: int, unroll_steps: int) -> int:
+    """How many windows `once` reads the corpus in: its longest row's (row r
+    reads sentences r, r + B, ...; a sentence of n words is n + 1 positions)."""
+    positions = np.bincount(np.arange(len(corpus)) % batch_size,
+                            weights=np.asarray(corpus.lengths, np.float64) + 1,
+                            minlength=batch_size)
+    return int(np.ceil(positions.max() / unroll_steps))
 
 
 def table_shapes(batcher: StreamBatcher, sample_batches: int = 16, margin: float = 1.25

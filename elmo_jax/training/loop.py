@@ -30,11 +30,10 @@ from elmo_jax.model import init_state
 from elmo_jax.options import ElmoOptions
 from elmo_jax.softmax import pad_softmax
 from elmo_jax.stored import StoredModel, open_model, read_run
-from elmo_jax.data import pad_tables
 from elmo_jax.training.feeding import Feeder
 from elmo_jax.training.partitioning import (batch_shardings, check_divisible, create_train_step,
                                             global_batch, lstm_state_sharding, make_mesh,
-                                            process_part, process_rows, train_mesh)
+                                            process_rows, train_mesh)
 from elmo_jax.training.pod import Decisions, agree_on_the_workdir, failures_stop_every_process
 from elmo_jax.training.steps import eval_step
 from elmo_jax.training.workdir import (MetricsLog, TrainingError, load_pretrained,
@@ -103,14 +102,14 @@ def warm_evaluation(params, options: ElmoOptions, config: TrainConfig, mesh) -> 
 def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Vocabulary,
              eval_files: str, mesh=None) -> dict:
     """Perplexity over held-out files, read once in order by `eval_batch_size`
-    streams with the state carried: forward, backward, and bilm-tf's number,
-    exp of the mean of the two directions' mean losses.
+    streams with the state carried (row r reads sentences r, r + B, r + 2B,
+    ... of the files in order): forward, backward, and bilm-tf's number, exp
+    of the mean of the two directions' mean losses.
 
     The sums stay on the devices and are read once at the end; every batch
     has one shape (one program, compiled ahead when training evaluates). Over
-    a mesh of several processes each process scores its share of the streams
-    (the text is read everywhere, so the streams are the ones a single
-    process reads) and the sums are global: one perplexity, equal to a single
+    a mesh of several processes each process makes the windows of its own
+    rows only, and the sums are global: one perplexity, equal to a single
     process's."""
     if mesh is None and jax.process_count() > 1:  # a local mesh would score a share only
         raise ConfigError(f"evaluate() in a program of {jax.process_count()} processes needs "
@@ -118,23 +117,41 @@ def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Voc
                           "one process")
     mesh = mesh if mesh is not None else make_mesh(1, jax.local_devices()[:1])
     _check_eval_batch(config, mesh.size)
-    step, (rows, width), init = _eval_jit(options, config, mesh)
-    batcher = data_lib.Batcher(data_lib.OnceSource(eval_files), vocab, config.eval_batch_size,
-                               config.eval_unroll_steps,
-                               options.char_cnn.max_characters_per_token, n_groups=mesh.size,
-                               table_bucket=1)  # padded to the one shape below
+    step, shape, init = _eval_jit(options, config, mesh)
+    B, U = config.eval_batch_size, config.eval_unroll_steps
+    corpus, tables = _held_out(eval_files, vocab, options.char_cnn.max_characters_per_token)
+    batcher = data_lib.StreamBatcher(
+        corpus, vocab, B, U, options.char_cnn.max_characters_per_token, n_groups=mesh.size,
+        rows=process_rows(mesh, B), tables=tables, once=True,
+        shapes=data_lib.TableShapes((shape[0],), (shape[1],)))
     state = init()
     sums = jax.device_put(np.zeros(3, np.float32), NamedSharding(mesh, P()))
-    for batch in batcher:
-        batch = pad_tables(process_part(batch, mesh), rows, width)
-        state, sums = step(params, state, sums, global_batch(batch, mesh))
+    for _ in range(data_lib.batches_once(corpus, B, U)):  # the same count in every process
+        state, sums = step(params, state, sums, global_batch(next(batcher), mesh))
     sums = np.asarray(jax.device_get(sums), np.float64)
     total, count = sums[:2], sums[2]
-    if count == 0:
-        raise data_lib.DataError(f"no held-out sentences in {eval_files!r}")
     mean = total / count
     return {"eval_ppl_forward": float(np.exp(mean[0])), "eval_ppl_backward": float(np.exp(mean[1])),
             "eval_ppl": float(np.exp(mean.mean())), "eval_tokens": int(count)}
+
+
+_HELD_OUT: dict = {}  # the last held-out corpus read, with its spelling tables
+
+
+def _held_out(eval_files: str, vocab: Vocabulary, max_chars: int):
+    """(TokenCorpus, SpellingTables) of the held-out files, read once per run
+    (evaluation every `eval_every` steps reads the same files)."""
+    key = (eval_files, id(vocab), max_chars)
+    if key not in _HELD_OUT:
+        try:
+            corpus = data_lib.TokenCorpus.from_files(eval_files)
+        except data_lib.DataError as e:
+            if "the corpus is empty" in str(e):
+                raise data_lib.DataError(f"no held-out sentences in {eval_files!r}") from None
+            raise
+        _HELD_OUT.clear()
+        _HELD_OUT[key] = corpus, data_lib.SpellingTables(corpus.spellings, vocab, max_chars)
+    return _HELD_OUT[key]
 
 
 def evaluate_workdir(workdir: str, eval_files: str) -> dict:

@@ -131,20 +131,6 @@ def batch_shardings(mesh: Mesh) -> dict:
             "mask": NamedSharding(mesh, P(ROWS))}
 
 
-def process_part(batch: dict, mesh: Mesh) -> dict:
-    """This process's rows (and row groups' token tables) of a batch made whole
-    on every process (evaluation reads the same text everywhere)."""
-    i, n = jax.process_index(), jax.process_count()
-    S, B = batch["token_chars"].shape[0], batch["mask"].shape[0]
-    if n == 1:
-        return batch
-    if S % n or B % n:
-        raise ValueError(f"{S} row groups of {B} rows do not split over {n} processes")
-    g, r = slice(i * S // n, (i + 1) * S // n), slice(i * B // n, (i + 1) * B // n)
-    return {"token_chars": batch["token_chars"][g], "token_index": batch["token_index"][:, r],
-            "targets": batch["targets"][:, r], "mask": batch["mask"][r]}
-
-
 def lstm_state_sharding(mesh: Mesh) -> NamedSharding:
     """LSTMState leaves [L, 2, B, .]: rows split like the batch."""
     return NamedSharding(mesh, P(None, None, ROWS))
