@@ -1,10 +1,17 @@
 """The training loop: `train_and_evaluate(config, workdir)`, and evaluation.
 
-Resumes exactly from the newest checkpoint in the workdir when there is one.
-Stops after `train.max_steps` steps or `train.max_seconds`, or on SIGTERM or
-Ctrl-C (after saving a checkpoint). A non-finite loss sends the run back to its
-last checkpoint and past the batch that caused it (`train.nonfinite_skips`
-times a run; then it stops, keeping the last good checkpoint).
+Resumes exactly from the newest checkpoint in the workdir when there is one
+(written by any number of processes, with the same global batch). Stops after
+`train.max_steps` steps or `train.max_seconds`, or on SIGTERM or Ctrl-C (after
+saving a checkpoint). A non-finite loss sends the run back to its last
+checkpoint and past the batch that caused it (`train.nonfinite_skips` times a
+run; then it stops, keeping the last good checkpoint).
+
+Built so that an accelerator never waits: the train programs of every batch
+shape are compiled before step 1, the batches come placed on the devices
+(`feeding.Feeder`), the host reads the devices only on log, save and
+evaluation steps, and the loop issues no collective of its own (stops and
+timed saves are agreed through the key-value store: `pod.Decisions`).
 """
 from __future__ import annotations
 
