@@ -209,3 +209,19 @@ def test_once_reads_every_sentence_in_order_then_padding():
         got = [[words[b["targets"][d, r]][b["mask"][r]] for b in batches] for d in (0, 1)]
         assert list(np.concatenate(got[0])) == want_forward
         assert list(np.concatenate(got[1])) == want_backward
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.text(st.characters(codec="utf-8"), min_size=1, max_size=60), max_size=20))
+def test_all_spellings_at_once_are_each_token_s_char_ids(tokens):
+    """`spell_all` (numpy over every spelling of a corpus) against
+    `chars.token_to_char_ids` one token at a time; `<S>` and `</S>` included."""
+    from elmo_jax.data.streams import spell_all
+
+    spellings = ["", "<S>", "</S>", *tokens]
+    got = spell_all(spellings, 50)
+    assert not got[0].any()
+    for i, w in enumerate(spellings[1:], 1):
+        np.testing.assert_array_equal(got[i], token_to_char_ids(w, 50))
+    with pytest.raises(DataError, match="not valid Unicode text"):
+        spell_all(["", "ok", "bad\udcff"], 50)
