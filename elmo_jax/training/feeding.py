@@ -27,9 +27,8 @@ _GENERATIONS = itertools.count()  # one per feeder made: keys of restarted feede
 class Placed:
     """One global batch on the devices."""
 
-    def __init__(self, arrays: dict, shape: tuple[int, int], number: int, position: dict,
-                 tokens: int):
-        self.arrays, self.shape, self.number = arrays, shape, number
+    def __init__(self, arrays: dict, number: int, position: dict, tokens: int):
+        self.arrays, self.number = arrays, number
         self.position, self.tokens = position, tokens
 
 
@@ -68,7 +67,7 @@ class Feeder:
                 arrays = {k: jax.make_array_from_process_local_data(self.shardings[k], v)
                           for k, v in host.items()}
                 tokens = int(parts["mask"].sum()) * jax.process_count()
-                self._put(Placed(arrays, self.batcher.shapes.at(need), number, position, tokens))
+                self._put(Placed(arrays, number, position, tokens))
                 if len(made) < self.block:
                     made.append(self._make())
         except BaseException as e:  # the step loop raises it

@@ -38,7 +38,7 @@ from elmo_jax.options import ElmoOptions
 from elmo_jax.softmax import pad_softmax
 from elmo_jax.stored import StoredModel, open_model, read_run
 from elmo_jax.training.feeding import Feeder
-from elmo_jax.training.partitioning import (batch_shardings, check_divisible, create_train_step,
+from elmo_jax.training.partitioning import (abstract_batch, check_divisible, create_train_step,
                                             global_batch, lstm_state_sharding, make_mesh,
                                             process_rows, train_mesh)
 from elmo_jax.training.pod import Decisions, agree_on_the_workdir, failures_stop_every_process
@@ -88,22 +88,14 @@ def _eval_jit(options: ElmoOptions, config: TrainConfig, mesh):
     return step, shape, init
 
 
-def _eval_batch_spec(options, config, mesh, shape) -> dict:
-    B, U = config.eval_batch_size, config.eval_unroll_steps
-    shardings = batch_shardings(mesh)
-    specs = {"token_chars": ((mesh.size, *shape), np.int32),
-             "token_index": ((2, B, U), np.int32), "targets": ((2, B, U), np.int32),
-             "mask": ((B, U), np.bool_)}
-    return {k: jax.ShapeDtypeStruct(*v, sharding=shardings[k]) for k, v in specs.items()}
-
-
 def warm_evaluation(params, options: ElmoOptions, config: TrainConfig, mesh) -> None:
     """Compile the evaluation step for `params` (as training holds them) now."""
     step, shape, init = _eval_jit(options, config, mesh)
     init.lower().compile()
     sums = jax.ShapeDtypeStruct((3,), jnp.float32, sharding=NamedSharding(mesh, P()))
     step.lower(params, jax.eval_shape(init), sums,
-               _eval_batch_spec(options, config, mesh, shape)).compile()
+               abstract_batch(mesh, config.eval_batch_size, config.eval_unroll_steps,
+                              shape)).compile()
 
 
 def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Vocabulary,
@@ -392,14 +384,9 @@ def compile_ahead(step, abstract_state, shapes, options: ElmoOptions, mesh) -> i
     Returns the number of programs."""
     if not hasattr(step, "lower"):
         return 0
-    B, U = options.batch_size, options.unroll_steps
-    shardings = batch_shardings(mesh)
-    for rows, width in shapes.all():
-        specs = {"token_chars": ((mesh.size, rows, width), np.int32),
-                 "token_index": ((2, B, U), np.int32), "targets": ((2, B, U), np.int32),
-                 "mask": ((B, U), np.bool_)}
-        step.lower(abstract_state, {k: jax.ShapeDtypeStruct(*v, sharding=shardings[k])
-                                    for k, v in specs.items()}).compile()
+    for table in shapes.all():
+        step.lower(abstract_state, abstract_batch(mesh, options.batch_size,
+                                                  options.unroll_steps, table)).compile()
     return len(shapes.all())
 
 
@@ -408,7 +395,7 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
         raise ConfigError("no vocabulary: give --vocab_file (data.vocab_file)")
     vocab = Vocabulary.from_file(config.data.vocab_file)
     os.makedirs(workdir, exist_ok=True)
-    use_compilation_cache(workdir)
+    use_compilation_cache()
     mngr = checkpoints.manager(workdir, config.train.max_to_keep, config.train.async_checkpoints)
     resume_step = mngr.latest_step()
     agree_on_the_workdir(workdir, resume_step)
@@ -420,8 +407,7 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
     t0 = time.time()
     programs = compile_ahead(built.step, built.abstract_state, batcher.shapes, config.model, mesh)
     if config.data.eval_files:
-        warm_evaluation(jax.tree.map(lambda a: a, built.abstract_state.params), config.model,
-                        config.train, mesh)
+        warm_evaluation(built.abstract_state.params, config.model, config.train, mesh)
     if jax.process_index() == 0 and programs:
         print(f"compiled {programs} train program(s) for token tables of "
               f"{' or '.join(map(str, batcher.shapes.rows))} rows and "
@@ -458,7 +444,7 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
             batcher.close()
 
 
-def use_compilation_cache(workdir: str) -> None:
+def use_compilation_cache() -> None:
     """JAX's persistent compilation cache, unless the user chose one: a
     restarted run reaches its first step without compiling again."""
     if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:

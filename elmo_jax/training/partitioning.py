@@ -131,6 +131,20 @@ def batch_shardings(mesh: Mesh) -> dict:
             "mask": NamedSharding(mesh, P(ROWS))}
 
 
+def abstract_batch(mesh: Mesh, batch_size: int, unroll_steps: int,
+                   table: tuple[int, int]) -> dict:
+    """ShapeDtypeStructs (with shardings) of a global batch of `batch_size`
+    rows whose token tables are `table` (rows, characters): what a step is
+    compiled for ahead of time."""
+    B, U = batch_size, unroll_steps
+    shapes = {"token_chars": ((mesh.size, *table), np.int32),
+              "token_index": ((2, B, U), np.int32), "targets": ((2, B, U), np.int32),
+              "mask": ((B, U), np.bool_)}
+    shardings = batch_shardings(mesh)
+    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=shardings[k])
+            for k, (shape, dtype) in shapes.items()}
+
+
 def lstm_state_sharding(mesh: Mesh) -> NamedSharding:
     """LSTMState leaves [L, 2, B, .]: rows split like the batch."""
     return NamedSharding(mesh, P(None, None, ROWS))

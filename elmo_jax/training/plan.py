@@ -33,7 +33,7 @@ import numpy as np
 from elmo_jax.config import Config, ConfigError
 from elmo_jax.options import ElmoOptions
 from elmo_jax.shapes import round_up
-from elmo_jax.training.partitioning import (batch_shardings, create_train_step, make_mesh,
+from elmo_jax.training.partitioning import (abstract_batch, create_train_step, make_mesh,
                                             model_axis_hosts)
 from elmo_jax.training.targets import TARGETS, Target, compile_only_devices
 
@@ -87,13 +87,8 @@ def _per_device_bytes(tree) -> int:
 def _abstract_batch(options: ElmoOptions, mesh) -> dict:
     """The largest batch: every position of a row group a distinct token."""
     S, B, U = mesh.size, options.batch_size, options.unroll_steps
-    C = options.char_cnn.max_characters_per_token
     table = round_up(2 * (B // S) * U + 1, 128)
-    shapes = {"token_chars": ((S, table, C), np.int32), "token_index": ((2, B, U), np.int32),
-              "targets": ((2, B, U), np.int32), "mask": ((B, U), bool)}
-    shardings = batch_shardings(mesh)
-    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=shardings[k])
-            for k, (shape, dtype) in shapes.items()}
+    return abstract_batch(mesh, B, U, (table, options.char_cnn.max_characters_per_token))
 
 
 _COLLECTIVE = re.compile(r"= (\(.*?\)|\S+) (all-reduce|all-gather|reduce-scatter|"
