@@ -1,8 +1,9 @@
 """elmo-jax: ELMo (Peters et al. 2018) in JAX/Flax.
 
     import elmo_jax
-    elmo = elmo_jax.Elmo.from_files("options.json", "weights.hdf5")
+    elmo = elmo_jax.Elmo.from_pretrained("original")   # or a URL, a path; `elmo-jax models`
     vectors = elmo.embed_sentences([["Hello", "world", "."]])   # [3, 3, 1024] each
+    elmo_jax.tokenize("你什么时候方便", lang="zh")               # jieba: the elmo-jax[zh] extra
 
 or, inside your own jitted code:
 
@@ -29,6 +30,7 @@ _API = {
     "init_state": "model", "init_params": "model", "LSTMState": "model", "Elmo": "elmo",
     "load_export": "export", "save_export": "export", "ElmoEmbedder": "modules",
     "NnxElmoEmbedder": "modules", "score_sentences": "scoring", "open_model": "stored",
+    "tokenize": "segmentation", "Lexicon": "lexicon", "list_models": "registry",
 }
 __all__ = list(_API)
 __version__ = "0.1.0"

@@ -39,6 +39,17 @@ def eos_char_ids(max_chars: int = MAX_CHARS) -> np.ndarray:
     return _marker_ids(EOS_CHAR, max_chars)
 
 
+def boundary_ids(char_cnn) -> np.ndarray:
+    """[2, ids per token] int32: the spellings of the sentence boundaries `<S>`
+    and `</S>` for a model's `options.char_cnn` (UTF-8 or a lexicon)."""
+    if char_cnn.spelling == "lexicon":
+        from elmo_jax.lexicon import boundary_ids as lexicon_boundaries
+
+        return lexicon_boundaries(char_cnn.max_characters_per_token, char_cnn.word_dim > 0)
+    C = char_cnn.max_characters_per_token
+    return np.stack([bos_char_ids(C), eos_char_ids(C)])
+
+
 def token_to_char_ids(token: str, max_chars: int = MAX_CHARS) -> np.ndarray:
     """[max_chars] int32 shifted character ids of one token.
 

@@ -15,12 +15,15 @@ from elmo_jax.files import atomic_path
 def dump_embeddings(elmo: Elmo, sentences: Sequence[Sequence[str]], path: str | os.PathLike,
                     batch_size: int = 64, layer: int | None = None,
                     mix_weights: Sequence[float] | None = None, gamma: float = 1.0,
-                    chunk: int = 4096, progress: bool = False) -> int:
+                    chunk: int = 4096, progress: bool = False,
+                    sentence_vectors: bool = False) -> int:
     """Write an hdf5 file in bilm-tf's `dump_bilm_embeddings` layout: dataset
     str(i) for sentence i, float32 [L+1, n_i, 2P]; with `layer`, that layer
     [n_i, 2P]; with `mix_weights` (raw scalars, softmax-normalised as in the
     scalar mix), gamma * the weighted sum [n_i, 2P]. The file appears whole or
-    not at all. Returns the number of sentences."""
+    not at all. With `sentence_vectors`, each dataset is the mean over the
+    sentence's tokens of what it would hold ([L+1, 2P] or [2P]; zeros for an
+    empty sentence). Returns the number of sentences."""
     import h5py
     from tqdm import tqdm
 
@@ -40,6 +43,9 @@ def dump_embeddings(elmo: Elmo, sentences: Sequence[Sequence[str]], path: str | 
                     arr = arr[layer]
                 elif mix_weights is not None:
                     arr = np.einsum("k,knd->nd", w, arr)
+                if sentence_vectors:
+                    tokens = arr.shape[-2]
+                    arr = arr.sum(axis=-2) / max(tokens, 1)
                 fh.create_dataset(str(start + i), data=arr.astype(np.float32))
             bar.update(len(part))
     return len(sentences)

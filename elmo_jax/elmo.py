@@ -1,5 +1,10 @@
 """`Elmo`: ELMo for notebooks and scripts: token lists in, one float32 array
-[L+1, n_tokens, 2P] per sentence out (a thin, stateful wrapper over `embed`).
+[L+1, n_tokens, 2P] per sentence out (a thin, stateful wrapper over `embed`),
+or its scalar mix [n_tokens, 2P], or a sentence vector [2P] (the mix's mean
+over the tokens, as TF-Hub's ELMo `default`).
+
+    elmo = Elmo.from_pretrained("original")        # a registry name, URL or path
+    vectors = elmo.embed_sentences([["Hello", "world", "."]], output="mean")
 """
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ import numpy as np
 
 from elmo_jax import chars
 from elmo_jax.embedding import embed_token_vectors, encode_tokens
+from elmo_jax.embedding import mix_weights as normalized_mix
+from elmo_jax.lexicon import Lexicon
 from elmo_jax.model import LSTMState, init_state, packed_segments
 from elmo_jax.options import ElmoOptions
 from elmo_jax.shapes import bucket, round_up
@@ -30,13 +37,28 @@ class Elmo:
     LSTMs skip the padding of shorter rows (`pack=False` turns this off). With
     `stateful=True` the LSTM state of each batch row is carried from one call to
     the next (bilm-tf's behaviour; sentences are then neither reordered nor
-    packed). `dtype` and `unroll` are embed's speed knobs."""
+    packed). `dtype` and `unroll` are embed's speed knobs. `lexicon` spells the
+    tokens of a model whose options say so (ELMoForManyLangs', `lexicon.py`).
+
+    A stateless sentence longer than `max_length` tokens is embedded in
+    overlapping windows of `max_length` tokens (`windows`), each token taking
+    its vectors from the window where it is furthest from an edge: memory
+    stays bounded (a 44,000-token "sentence" works), and each token still sees
+    at least `max_length // 8` tokens of context on either side of it."""
 
     def __init__(self, params: dict, options: ElmoOptions, stateful: bool = False,
                  min_length_bucket: int = 8, cache_vocab: Sequence[str] | None = None,
-                 pack: bool = True, dtype=jnp.float32, unroll: int = 1):
+                 pack: bool = True, dtype=jnp.float32, unroll: int = 1,
+                 lexicon: Lexicon | None = None, max_length: int = 512):
+        if (lexicon is not None) != (options.char_cnn.spelling == "lexicon"):
+            raise ValueError("a model whose options spell tokens with a lexicon needs it "
+                             "(lexicon=), and only such a model takes one")
+        if max_length < 8:
+            raise ValueError(f"max_length must be >= 8, got {max_length}")
         self.params = jax.device_put(params)
         self.options = options
+        self.lexicon = lexicon
+        self.max_length = max_length
         self.stateful = stateful
         self.min_length_bucket = min_length_bucket
         self.pack = pack and not stateful
@@ -54,14 +76,18 @@ class Elmo:
         return cls(load_weights(weights_hdf5, options), options, **kwargs)
 
     @classmethod
-    def from_export(cls, path: str | os.PathLike, **kwargs) -> "Elmo":
-        """From a stored model (`stored.open_model`): an export folder (`train.py
-        export`), a weights file with its options.json beside it, or a training
-        workdir."""
+    def from_pretrained(cls, model: str | os.PathLike, options: str | os.PathLike | None = None,
+                        **kwargs) -> "Elmo":
+        """From a registry name ("original", "manylangs-zhs": `elmo-jax models`),
+        a URL (a weights file's, with `options=` its options URL, or an
+        archive's), or a stored model (`stored.open_model`: an export folder, a
+        weights file, a training workdir, an ELMoForManyLangs folder)."""
         from elmo_jax.stored import open_model
 
-        model = open_model(path)
-        return cls(model.params, model.options, **kwargs)
+        stored = open_model(model, options)
+        return cls(stored.params, stored.options, lexicon=stored.lexicon, **kwargs)
+
+    from_export = from_pretrained  # the earlier name
 
     def reset_state(self) -> None:
         self.state = None
@@ -88,19 +114,49 @@ class Elmo:
         return out
 
     def _encode(self, tokens: Sequence[str]) -> np.ndarray:
-        C = self.options.char_cnn.max_characters_per_token
-        ids = np.zeros((bucket(len(tokens), 16), C), np.int32)
+        c = self.options.char_cnn
+        C = c.max_characters_per_token
+        ids = np.zeros((bucket(len(tokens), 16), c.ids_per_token), np.int32)
         for i, t in enumerate(tokens):
-            ids[i] = chars.token_to_char_ids(t, C)
-        ids = chars.trim_padding(ids, self.options.char_cnn.widest_filter)
+            ids[i] = (self.lexicon.token_ids(t, C) if self.lexicon is not None
+                      else chars.token_to_char_ids(t, C))
+        if self.lexicon is None:
+            ids = chars.trim_padding(ids, c.widest_filter)
         return np.asarray(encode_tokens(self.params, ids, self.options))[:len(tokens)]
 
-    def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int = 64
-                        ) -> list[np.ndarray]:
-        """One float32 array [L+1, n_tokens, 2P] per sentence, in input order."""
+    def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int = 64,
+                        output: str = "layers", mix_weights: Sequence[float] | None = None,
+                        gamma: float = 1.0) -> list[np.ndarray]:
+        """One float32 array per sentence, in input order:
+
+        output="layers"  [L+1, n_tokens, 2P], every layer;
+        output="mix"     [n_tokens, 2P], gamma * the softmax(mix_weights)-weighted
+                         sum of the layers (equal weights by default);
+        output="mean"    [2P], the mix's mean over the tokens (TF-Hub's ELMo
+                         `default`; zeros for an empty sentence).
+        An empty list gives an empty list."""
+        if output not in ("layers", "mix", "mean"):
+            raise ValueError(f"output must be 'layers', 'mix' or 'mean', got {output!r}")
+        layers = self._embed_layers(sentences, batch_size)
+        if output == "layers":
+            return layers
+        K = self.options.n_output_layers
+        raw = np.zeros(K, np.float32) if mix_weights is None else np.asarray(mix_weights,
+                                                                            np.float32)
+        if raw.shape != (K,):
+            raise ValueError(f"the mix needs {K} weights (one per layer), got {raw.size}")
+        w = gamma * np.asarray(normalized_mix({"weights": raw[None]})[0])
+        mixed = [np.einsum("k,knd->nd", w, a) for a in layers]
+        if output == "mix":
+            return mixed
+        return [m.mean(axis=0) if len(m) else np.zeros(m.shape[1], np.float32) for m in mixed]
+
+    def _embed_layers(self, sentences, batch_size: int) -> list[np.ndarray]:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         _check_sentences(sentences)
+        if not self.stateful and any(len(s) > self.max_length for s in sentences):
+            return self._embed_windowed(sentences, batch_size)
         order = list(range(len(sentences)))
         if not self.stateful:
             order.sort(key=lambda i: len(sentences[i]))
@@ -111,6 +167,21 @@ class Elmo:
             for row, i in enumerate(idx):
                 result[i] = layers[:, row, :len(sentences[i])]
         return result
+
+    def _embed_windowed(self, sentences, batch_size: int) -> list[np.ndarray]:
+        """Sentences longer than max_length as overlapping windows (`windows`)."""
+        pieces, plan = [], []
+        for s in sentences:
+            spans = windows(len(s), self.max_length)
+            plan.append((len(pieces), spans))
+            pieces += [s[a:b] for a, b, _, _ in spans]
+        embedded = self._embed_layers(pieces, batch_size)
+        out = []
+        for first, spans in plan:
+            parts = [embedded[first + k][:, keep_a - a:keep_b - a]
+                     for k, (a, _, keep_a, keep_b) in enumerate(spans)]
+            out.append(np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
+        return out
 
     def _embed_batch(self, batch) -> np.ndarray:
         """[L+1, len(batch), T, 2P] for the sentences of one batch, in order."""
@@ -155,6 +226,21 @@ class Elmo:
                 grown = jax.tree.map(lambda g, s: g.at[:, :, :n].set(s), grown, self.state)
             self.state = grown
         return jax.tree.map(lambda s: s[:, :, :rows], self.state)
+
+
+def windows(n: int, max_length: int) -> list[tuple[int, int, int, int]]:
+    """[(start, end, keep_start, keep_end)]: windows of at most `max_length`
+    of n tokens, overlapping by a quarter of it; token i is kept from the
+    window where it is furthest from an edge (the cuts halve the overlaps).
+    One window (0, n, 0, n) when n <= max_length."""
+    if n <= max_length:
+        return [(0, n, 0, n)]
+    overlap = max_length // 4
+    stride = max_length - overlap
+    starts = list(range(0, n - max_length, stride)) + [n - max_length]
+    spans = [(a, a + max_length) for a in starts]
+    cuts = [0] + [(spans[k + 1][0] + spans[k][1]) // 2 for k in range(len(spans) - 1)] + [n]
+    return [(a, b, cuts[k], cuts[k + 1]) for k, (a, b) in enumerate(spans)]
 
 
 def _check_sentences(sentences) -> None:

@@ -101,7 +101,12 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
     if char_ids.ndim != 3:
         raise ValueError(f"char_ids must be [batch, tokens, chars], got shape {char_ids.shape}")
     C, widest = options.char_cnn.max_characters_per_token, options.char_cnn.widest_filter
-    if not widest <= char_ids.shape[2] <= C:  # fewer than C: cut by `chars.trim_padding`
+    if options.char_cnn.spelling == "lexicon":
+        if char_ids.shape[2] != options.char_cnn.ids_per_token:
+            raise ValueError(f"char_ids have {char_ids.shape[2]} ids per token; this model "
+                             f"spells a token with {options.char_cnn.ids_per_token} "
+                             "(`lexicon.Lexicon.batch_ids`)")
+    elif not widest <= char_ids.shape[2] <= C:  # fewer than C: cut by `chars.trim_padding`
         raise ValueError(f"char_ids have {char_ids.shape[2]} characters per token; the options "
                          f"say {C} (or fewer, cut by chars.trim_padding, but at least the "
                          f"widest filter, {widest})")

@@ -4,6 +4,8 @@
     DIR/weights.hdf5   the biLM in bilm-tf's hdf5 layout (`weights.py`)
     DIR/vocab.txt      the softmax vocabulary (optional)
     DIR/softmax.hdf5   the word softmax, for scoring sentences (optional)
+    DIR/lexicon.json   the character and word dictionaries of a model that spells
+                       tokens with them (ELMoForManyLangs', `lexicon.py`)
 
 The pair is exactly what AllenNLP's `Elmo(options_file, weight_file)` and
 bilm-tf's `BidirectionalLanguageModel` read; the softmax sits in a file of its
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from elmo_jax.lexicon import LEXICON_FILE, Lexicon, LexiconError
 from elmo_jax.options import ElmoOptions
 from elmo_jax.vocab import Vocabulary
 from elmo_jax.weights import (WeightsError, load_softmax, load_weights, save_softmax,
@@ -32,13 +35,20 @@ class Export(NamedTuple):
     params: dict               # biLM parameters (numpy float32)
     vocab: Vocabulary | None   # None when the folder has no vocab.txt
     softmax: dict | None = None  # {"w": [V, P], "b": [V]}; None without softmax.hdf5
+    lexicon: Lexicon | None = None  # a lexicon model's dictionaries
 
 
 def save_export(out_dir: str | os.PathLike, params: dict, options: ElmoOptions,
-                vocab: Vocabulary | None = None, softmax: dict | None = None) -> str:
+                vocab: Vocabulary | None = None, softmax: dict | None = None,
+                lexicon: Lexicon | None = None) -> str:
     """Write the folder; returns its path. Each file appears whole or not at all."""
     out_dir = os.fspath(out_dir)
+    if (lexicon is not None) != (options.char_cnn.spelling == "lexicon"):
+        raise LexiconError("a model that spells with a lexicon is exported with it, and "
+                           "only such a model")
     os.makedirs(out_dir, exist_ok=True)
+    if lexicon is not None:
+        lexicon.save(out_dir)
     inference = options.for_inference()
     save_weights(os.path.join(out_dir, WEIGHTS_FILE), params, inference)
     inference.to_json(os.path.join(out_dir, OPTIONS_FILE))
@@ -80,4 +90,15 @@ def load_export(path: str | os.PathLike, options: str | os.PathLike | None = Non
     softmax = None
     if vocab is not None and os.path.exists(softmax_path):
         softmax = load_softmax(softmax_path, opts, len(vocab))
-    return Export(opts, load_weights(weights, opts), vocab, softmax)
+    lexicon = None
+    if opts.char_cnn.spelling == "lexicon":
+        if not os.path.exists(os.path.join(folder, LEXICON_FILE)):
+            raise FileNotFoundError(f"{options_path} spells tokens with a lexicon, and "
+                                    f"{os.path.join(folder, LEXICON_FILE)} is missing")
+        lexicon = Lexicon.load(folder)
+        if (lexicon.n_characters, lexicon.n_words) != (opts.char_cnn.n_characters,
+                                                       opts.char_cnn.n_words):
+            raise LexiconError(f"{folder}: {LEXICON_FILE} has {lexicon.n_characters} character "
+                               f"and {lexicon.n_words} word rows, the options "
+                               f"{opts.char_cnn.n_characters} and {opts.char_cnn.n_words}")
+    return Export(opts, load_weights(weights, opts), vocab, softmax, lexicon)

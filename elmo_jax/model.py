@@ -33,7 +33,7 @@ import numpy as np
 
 from elmo_jax import chars
 from elmo_jax.kernels import char_conv_max, input_gates, lstm_scan
-from elmo_jax.options import CHAR_TABLE_ROWS, ElmoOptions
+from elmo_jax.options import ElmoOptions
 from elmo_jax.shapes import round_up
 
 
@@ -228,16 +228,22 @@ class Highway(nn.Module):
 
 
 class CharEncoder(nn.Module):
-    """char ids [..., C] -> token vectors [..., P]: embedding, convolutions, max
-    over positions, activation, highway layers, linear projection."""
+    """char ids [..., I] -> token vectors [..., P]: embedding, convolutions, max
+    over positions, activation, highway layers, linear projection. I is the
+    options' `ids_per_token`: C characters, and with a word table
+    (ELMoForManyLangs) the word id last, whose embedding goes into the
+    projection before the highway output."""
     options: ElmoOptions
 
     @nn.compact
     def __call__(self, char_ids):
         c = self.options.char_cnn
-        C = char_ids.shape[-1]
-        table = self.param("char_embed", _uniform(1.0), (CHAR_TABLE_ROWS, c.embedding_dim))
-        x = jnp.take(table, char_ids.reshape(-1, C), axis=0)
+        lead = char_ids.shape[:-1]
+        ids = char_ids.reshape(-1, char_ids.shape[-1])
+        if c.word_dim:
+            ids, word_ids = ids[:, :-1], ids[:, -1]
+        table = self.param("char_embed", _uniform(1.0), (c.table_rows, c.embedding_dim))
+        x = jnp.take(table, ids, axis=0)
         pooled = []
         for i, (width, num) in enumerate(c.filters):
             if c.activation == "relu":
@@ -249,9 +255,12 @@ class CharEncoder(nn.Module):
         x = act(jnp.concatenate(pooled, axis=-1))
         for k in range(c.n_highway):
             x = Highway(name=f"highway_{k}")(x)
+        if c.word_dim:
+            words = self.param("word_embed", _uniform(0.25), (c.n_words, c.word_dim))
+            x = jnp.concatenate([jnp.take(words, word_ids, axis=0), x], axis=-1)
         x = nn.Dense(self.options.lstm.projection_dim, name="proj",
-                     kernel_init=nn.initializers.normal(float(np.sqrt(1.0 / c.n_filters))))(x)
-        return x.reshape(char_ids.shape[:-1] + (x.shape[-1],))
+                     kernel_init=nn.initializers.normal(float(np.sqrt(1.0 / x.shape[-1]))))(x)
+        return x.reshape(lead + (x.shape[-1],))
 
 
 class BiLM(nn.Module):
@@ -297,9 +306,7 @@ class BiLM(nn.Module):
          each LSTM layer's forward half and backward half, with the boundary
          positions; mask [B, T+2]; new LSTMState)."""
         B, T, P = tokens.shape
-        C = self.options.char_cnn.max_characters_per_token
-        bos, eos = self.encode_tokens(jnp.stack([jnp.asarray(chars.bos_char_ids(C)),
-                                                 jnp.asarray(chars.eos_char_ids(C))]))
+        bos, eos = self.encode_tokens(jnp.asarray(chars.boundary_ids(self.options.char_cnn)))
         lengths = jnp.sum(mask, axis=1) + 2                            # with <S> and </S>
         t = jnp.arange(T + 2)[None, :, None]
         edge = jnp.zeros((B, 1, P), tokens.dtype)
@@ -317,9 +324,9 @@ class BiLM(nn.Module):
 def init_params(options: ElmoOptions, rng: jax.Array) -> dict:
     """Random biLM parameters initialised as bilm-tf does (row 0 of the char
     embedding, the padding id, is zero)."""
-    C = options.char_cnn.max_characters_per_token
-    params = BiLM(options).init(rng, jnp.zeros((2, 1, 1, C), jnp.int32), jnp.ones((1, 1), bool),
-                                init_state(options, 1))["params"]
-    table = params["char_encoder"]["char_embed"]
-    params["char_encoder"]["char_embed"] = table.at[0].set(0.0)
+    ids = jnp.zeros((2, 1, 1, options.char_cnn.ids_per_token), jnp.int32)
+    params = BiLM(options).init(rng, ids, jnp.ones((1, 1), bool), init_state(options, 1))["params"]
+    for name in ("char_embed", "word_embed"):  # row 0 is the padding token
+        if name in params["char_encoder"]:
+            params["char_encoder"][name] = params["char_encoder"][name].at[0].set(0.0)
     return params

@@ -6,7 +6,7 @@ gradient unless `fine_tune=True`.
 
 Linen:
 
-    embedder = ElmoEmbedder.from_export("runs/x/export", n_mixes=1)
+    embedder = ElmoEmbedder.from_pretrained("original", n_mixes=1)  # or a path, a URL
     variables = embedder.init(rng, char_ids)                   # loads the weights
     (mixed,), mask = embedder.apply(variables, char_ids)       # [B, T, 2P], [B, T]
 
@@ -51,7 +51,9 @@ class ElmoEmbedder(nn.Module):
     dropout:      on each mix, as AllenNLP's Elmo (0.5 there); needs a
                   "dropout" rng when not deterministic.
     fine_tune:    the biLM weights are parameters ("params"/"bilm") and train.
-    dtype:        matmul dtype of the biLM (bf16 on accelerators)."""
+    dtype:        matmul dtype of the biLM (bf16 on accelerators).
+    lexicon:      the dictionaries of a model that spells tokens with them
+                  (ELMoForManyLangs'); `char_ids` uses them."""
     options: ElmoOptions
     weights_file: str | None = None
     n_mixes: int = 1
@@ -59,19 +61,25 @@ class ElmoEmbedder(nn.Module):
     dropout: float = 0.5
     fine_tune: bool = False
     dtype: Any = jnp.float32
+    lexicon: Any = None
 
     @classmethod
-    def from_export(cls, path: str | os.PathLike, **kwargs) -> "ElmoEmbedder":
-        """From a stored model (`stored.open_model`: an export folder, a weights
-        file with options.json beside it, or a training workdir)."""
-        from elmo_jax.stored import model_options
+    def from_pretrained(cls, model: str | os.PathLike, **kwargs) -> "ElmoEmbedder":
+        """From a registry name, a URL or a stored model (`stored.open_model`:
+        an export folder, a weights file with options.json beside it, a
+        training workdir, an ELMoForManyLangs folder)."""
+        from elmo_jax.hub import resolve
+        from elmo_jax.stored import open_model
 
-        return cls(model_options(path), weights_file=os.fspath(path), **kwargs)
+        path, _ = resolve(model)  # downloads once; the weights are read again at init
+        stored = open_model(path)
+        return cls(stored.options, weights_file=path, lexicon=stored.lexicon, **kwargs)
+
+    from_export = from_pretrained  # the earlier name
 
     def char_ids(self, sentences: Sequence[Sequence[str]], min_length: int = 0):
-        """Token lists -> [B, T, C] char ids for this module."""
-        return batch_to_char_ids(sentences, self.options.char_cnn.max_characters_per_token,
-                                 min_length)
+        """Token lists -> [B, T, ids per token] ids for this module."""
+        return _char_ids(self.options, self.lexicon, sentences, min_length)
 
     @nn.compact
     def __call__(self, char_ids, deterministic: bool = True):
@@ -91,6 +99,13 @@ class ElmoEmbedder(nn.Module):
                     dtype=self.dtype)
         drop = nn.Dropout(self.dropout)
         return tuple(drop(m, deterministic=deterministic) for m in out.mixed), out.mask
+
+
+def _char_ids(options: ElmoOptions, lexicon, sentences, min_length: int):
+    C = options.char_cnn.max_characters_per_token
+    if lexicon is not None:
+        return lexicon.batch_ids(sentences, C, min_length)
+    return batch_to_char_ids(sentences, C, min_length)
 
 
 def init_variables(module: ElmoEmbedder, rng: jax.Array, char_ids, bilm_params: dict) -> dict:
@@ -114,7 +129,7 @@ class NnxElmoEmbedder(nnx.Module):
 
     def __init__(self, options: ElmoOptions, bilm_params: dict, *, n_mixes: int = 1,
                  layer_norm: bool = False, dropout: float = 0.5, fine_tune: bool = False,
-                 dtype=jnp.float32, rngs: nnx.Rngs):
+                 dtype=jnp.float32, lexicon=None, rngs: nnx.Rngs):
         kind = nnx.Param if fine_tune else BiLMWeights
         self.bilm = nnx.data(jax.tree.map(lambda x: kind(jnp.asarray(x)), bilm_params))
         K = options.n_output_layers
@@ -123,14 +138,21 @@ class NnxElmoEmbedder(nnx.Module):
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
         self.options, self.layer_norm, self.fine_tune, self.dtype = (options, layer_norm,
                                                                      fine_tune, dtype)
+        self.lexicon = lexicon
 
     @classmethod
-    def from_export(cls, path: str | os.PathLike, *, rngs: nnx.Rngs, **kwargs):
-        """From a stored model (`stored.open_model`)."""
+    def from_pretrained(cls, model: str | os.PathLike, *, rngs: nnx.Rngs, **kwargs):
+        """From a registry name, a URL or a stored model (`stored.open_model`)."""
         from elmo_jax.stored import open_model
 
-        model = open_model(path)
-        return cls(model.options, model.params, rngs=rngs, **kwargs)
+        stored = open_model(model)
+        return cls(stored.options, stored.params, lexicon=stored.lexicon, rngs=rngs, **kwargs)
+
+    from_export = from_pretrained  # the earlier name
+
+    def char_ids(self, sentences: Sequence[Sequence[str]], min_length: int = 0):
+        """Token lists -> [B, T, ids per token] ids for this module."""
+        return _char_ids(self.options, self.lexicon, sentences, min_length)
 
     def __call__(self, char_ids, deterministic: bool | None = None):
         bilm = jax.tree.map(lambda v: v[...], self.bilm,

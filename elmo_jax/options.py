@@ -57,6 +57,12 @@ class CharCNNOptions:
     n_highway: int = 2
     n_characters: int = 262
     max_characters_per_token: int = 50
+    # "utf8": bilm-tf's UTF-8 bytes (n_characters 261/262). "lexicon": characters
+    # looked up in a dictionary (ELMoForManyLangs, `lexicon.py`): n_characters
+    # rows, and with word_dim > 0 a word table of n_words rows read beside them.
+    spelling: str = "utf8"
+    word_dim: int = 0
+    n_words: int = 0
 
     @property
     def n_filters(self) -> int:
@@ -65,6 +71,17 @@ class CharCNNOptions:
     @property
     def widest_filter(self) -> int:
         return max(w for w, _ in self.filters)
+
+    @property
+    def table_rows(self) -> int:
+        """Rows of the model's character table (row 0: the padding token)."""
+        return CHAR_TABLE_ROWS if self.spelling == "utf8" else self.n_characters
+
+    @property
+    def ids_per_token(self) -> int:
+        """Ids that spell one token: its characters, and its word id last when
+        the model reads a word embedding."""
+        return self.max_characters_per_token + (1 if self.word_dim else 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +150,9 @@ class ElmoOptions:
         cnn = dataclasses.asdict(self.char_cnn)
         cnn["embedding"] = {"dim": cnn.pop("embedding_dim")}
         cnn["filters"] = [list(f) for f in self.char_cnn.filters]
+        if self.char_cnn.spelling == "utf8":  # bilm-tf's own fields only
+            for name in ("spelling", "word_dim", "n_words"):
+                del cnn[name]
         out = {"lstm": lstm, "char_cnn": cnn}
         for f in dataclasses.fields(self):
             if f.name not in ("lstm", "char_cnn", "extra"):
@@ -158,6 +178,8 @@ class ElmoOptions:
 
     def for_inference(self) -> "ElmoOptions":
         """These options as an inference file states them (n_characters 262)."""
+        if self.char_cnn.spelling != "utf8":
+            return self
         return self.replace(char_cnn=dataclasses.replace(self.char_cnn,
                                                          n_characters=INFERENCE_CHARACTERS))
 
@@ -227,8 +249,20 @@ def _validate(o: ElmoOptions) -> None:
                f"{c.max_characters_per_token}")
     _check(_is_int(c.n_highway) and c.n_highway >= 0, "char_cnn.n_highway",
            f"must be a non-negative integer, got {c.n_highway!r}")
-    _check(c.n_characters in _N_CHARACTERS_ALLOWED, "char_cnn.n_characters",
-           f"must be 261 (training) or 262 (inference), got {c.n_characters!r}")
+    _check(c.spelling in ("utf8", "lexicon"), "char_cnn.spelling",
+           f"must be 'utf8' or 'lexicon', got {c.spelling!r}")
+    if c.spelling == "utf8":
+        _check(c.n_characters in _N_CHARACTERS_ALLOWED, "char_cnn.n_characters",
+               f"must be 261 (training) or 262 (inference), got {c.n_characters!r}")
+        _check(c.word_dim == 0, "char_cnn.word_dim",
+               "must be 0 with UTF-8 spelling (a word table needs a lexicon)")
+    else:
+        _check(_is_int(c.n_characters) and c.n_characters >= 7, "char_cnn.n_characters",
+               f"must be an integer >= 7 with a lexicon, got {c.n_characters!r}")
+        _check(_is_int(c.word_dim) and c.word_dim >= 0, "char_cnn.word_dim",
+               f"must be a non-negative integer, got {c.word_dim!r}")
+        _check(c.word_dim == 0 or (_is_int(c.n_words) and c.n_words >= 5), "char_cnn.n_words",
+               f"must be an integer >= 5 with a word table, got {c.n_words!r}")
     _check(_is_int(c.max_characters_per_token) and c.max_characters_per_token >= 3,
            "char_cnn.max_characters_per_token",
            f"must be an integer >= 3, got {c.max_characters_per_token!r}")

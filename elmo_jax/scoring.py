@@ -104,6 +104,9 @@ def load_language_model(path: str) -> tuple[ElmoOptions, dict, dict, Vocabulary]
     from elmo_jax.stored import open_model
 
     model = open_model(path)
+    if model.lexicon is not None:
+        raise ValueError(f"{path} spells tokens with a lexicon (ELMoForManyLangs); scoring "
+                         "reads models that spell UTF-8 bytes")
     if model.softmax is None:
         raise FileNotFoundError(f"{path} has no {SOFTMAX_FILE} and vocab.txt: scoring needs the "
                                 "softmax (exports from `train.py export` have it; bilm-tf's "

@@ -1,9 +1,18 @@
 """Open a stored model, whatever form it has: `open_model(path)`.
 
+    a registry name      "original", "manylangs-zhs", ... (`elmo-jax models`; `hub.py`
+                         downloads it once into the cache)
+    a URL                a weights file's (with `options=` its options file's URL), or
+                         an archive's (zip, tar.gz, tar.bz2, tar.xz) holding a model
     a training workdir   WORKDIR/config.json, vocab.txt, checkpoints/STEP/params (the newest)
-    an export folder     DIR/options.json, weights.hdf5 [, vocab.txt, softmax.hdf5]
+    an export folder     DIR/options.json, weights.hdf5 [, vocab.txt, softmax.hdf5,
+                         lexicon.json]
     a weights hdf5       with options.json beside it, or `options=` (the published
                          ELMo files are named *_weights.hdf5 and *_options.json)
+    an ELMoForManyLangs  DIR/config.json naming its cnn config, char.dic, word.dic and
+    model folder         the two torch pickles (`manylangs.py`); told apart from a
+                         workdir by its config.json's content
+    a local archive      of any folder above (extracted once into the cache)
 
 Every reader of a model opens it here: the embed and score commands,
 `Elmo.from_export`, the Flax modules' `from_export`, `train.py export` and
@@ -20,6 +29,9 @@ from elmo_jax import checkpoints
 from elmo_jax.checkpoints import CheckpointError
 from elmo_jax.config import Config, ConfigError, config_from_dict
 from elmo_jax.export import VOCAB_FILE, export_files, load_export
+from elmo_jax.hub import resolve
+from elmo_jax.lexicon import Lexicon
+from elmo_jax.manylangs import is_manylangs, read_manylangs
 from elmo_jax.options import ElmoOptions
 from elmo_jax.softmax import unpad_softmax
 from elmo_jax.vocab import Vocabulary
@@ -32,14 +44,17 @@ class StoredModel(NamedTuple):
     params: dict                 # the biLM's parameters (numpy float32)
     vocab: Vocabulary | None     # the softmax's words, where stored
     softmax: dict | None         # {"w": [V, P], "b": [V]}, where stored
-    kind: str                    # "workdir", "export" or "weights"
+    kind: str                    # "workdir", "export", "weights" or "manylangs"
     step: int | None = None      # a workdir's checkpoint step
     config: Config | None = None  # a workdir's resolved config
+    lexicon: Lexicon | None = None  # the dictionaries of a model that spells with them
+    path: str | None = None      # where it was read from (a download: in the cache)
 
 
 def is_workdir(path: str | os.PathLike) -> bool:
-    """Whether `path` is a training workdir (it holds config.json)."""
-    return os.path.isdir(path) and os.path.exists(os.path.join(path, CONFIG_FILE))
+    """Whether `path` is a training workdir (it holds a run's config.json)."""
+    return (os.path.isdir(path) and os.path.exists(os.path.join(path, CONFIG_FILE))
+            and not is_manylangs(path))
 
 
 def read_run(workdir: str) -> tuple[Config, Vocabulary]:
@@ -57,26 +72,37 @@ def read_run(workdir: str) -> tuple[Config, Vocabulary]:
 
 def model_options(path: str | os.PathLike, options: str | os.PathLike | None = None
                   ) -> ElmoOptions:
-    """The options of the model stored at `path`, without reading its weights."""
-    path = os.fspath(path)
+    """The options of the model stored at `path` (or named by it, as
+    `open_model` takes it), without reading its weights."""
+    path, options = resolve(path, options)
+    if is_manylangs(path):
+        return read_manylangs(path).options
     if is_workdir(path):
         return read_run(path)[0].model
     return ElmoOptions.from_json(export_files(path, options)[0])
 
 
 def open_model(path: str | os.PathLike, options: str | os.PathLike | None = None,
-               step: int | None = None) -> StoredModel:
-    """The model stored at `path` (see the module's docstring for the forms);
-    `options` names the options.json of a weights file, `step` a workdir's
-    checkpoint (default: the newest)."""
-    path = os.fspath(path)
+               step: int | None = None, progress: bool = True) -> StoredModel:
+    """The model stored at `path`, or named by it (see the module's docstring
+    for the forms); `options` names the options.json of a weights file (a path
+    or a URL), `step` a workdir's checkpoint (default: the newest)."""
+    path, options = resolve(path, options, progress)
+    if is_manylangs(path):
+        if options is not None:
+            raise ConfigError(f"{path} is an ELMoForManyLangs model: it brings its own config")
+        m = read_manylangs(path)
+        return StoredModel(m.options, m.params, None, None, "manylangs", lexicon=m.lexicon,
+                           path=path)
     if is_workdir(path):
         if options is not None:
             raise ConfigError(f"{path} is a training workdir: its options are its config.json")
         config, vocab = read_run(path)
         step, params = checkpoints.read_params(path, step)
         return StoredModel(config.model, params["bilm"], vocab,
-                           unpad_softmax(params["softmax"], len(vocab)), "workdir", step, config)
+                           unpad_softmax(params["softmax"], len(vocab)), "workdir", step, config,
+                           path=path)
     exported = load_export(path, options)
     return StoredModel(exported.options, exported.params, exported.vocab, exported.softmax,
-                       "export" if os.path.isdir(path) else "weights")
+                       "export" if os.path.isdir(path) else "weights", lexicon=exported.lexicon,
+                       path=path)

@@ -7,7 +7,9 @@ This is the only module that knows TensorFlow's dataset names, its gate order
     CNN/W_cnn_{i}, CNN/b_cnn_{i}                [1, width, E, n], [n]
     CNN_high_{k}/W_carry, W_transform           [F, F]
     CNN_high_{k}/b_carry, b_transform           [F]
-    CNN_proj/W_proj, CNN_proj/b_proj            [F, P], [P]
+    CNN_proj/W_proj, CNN_proj/b_proj            [F, P], [P]  ([W + F, P] with a word table)
+    word_embed                                  [n_words - 1, W]  (a lexicon model's only,
+                                                 `lexicon.py`; read before the highway output)
     RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/W_0    [P_in + P, 4D]
     RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/B      [4D]  (forget bias +1 not stored)
     RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/W_P_0  [D, P]  (none when D == P: no projection)
@@ -32,7 +34,7 @@ import h5py
 import numpy as np
 
 from elmo_jax.files import atomic_path
-from elmo_jax.options import STORED_CHAR_ROWS, ElmoOptions
+from elmo_jax.options import ElmoOptions
 
 # TF's column blocks (i, j, f, o) <-> ours (i, f, g, o): a swap, its own inverse.
 _GATE_PERM = (0, 2, 1, 3)
@@ -50,7 +52,9 @@ def expected_shapes(options: ElmoOptions) -> dict[str, tuple[int, ...]]:
     """Dataset name -> shape, for a file that matches `options`."""
     c, lo = options.char_cnn, options.lstm
     E, F, P, D = c.embedding_dim, c.n_filters, lo.projection_dim, lo.dim
-    shapes = {"char_embed": (STORED_CHAR_ROWS, E)}
+    shapes = {"char_embed": (c.table_rows - 1, E)}  # row 0, the padding token, not stored
+    if c.word_dim:
+        shapes["word_embed"] = (c.n_words - 1, c.word_dim)
     for i, (width, num) in enumerate(c.filters):
         shapes[f"CNN/W_cnn_{i}"] = (1, width, E, num)
         shapes[f"CNN/b_cnn_{i}"] = (num,)
@@ -59,7 +63,7 @@ def expected_shapes(options: ElmoOptions) -> dict[str, tuple[int, ...]]:
             shapes[f"CNN_high_{k}/{w}"] = (F, F)
         for b in ("b_carry", "b_transform"):
             shapes[f"CNN_high_{k}/{b}"] = (F,)
-    shapes["CNN_proj/W_proj"] = (F, P)
+    shapes["CNN_proj/W_proj"] = (c.word_dim + F, P)
     shapes["CNN_proj/b_proj"] = (P,)
     for d in range(2):
         for layer in range(lo.n_layers):
@@ -81,6 +85,8 @@ def params_to_datasets(params: dict, options: ElmoOptions) -> dict[str, np.ndarr
     p = _to_numpy(params)
     enc, P = p["char_encoder"], options.lstm.projection_dim
     out = {"char_embed": enc["char_embed"][1:]}
+    if "word_embed" in enc:
+        out["word_embed"] = enc["word_embed"][1:]
     for i in range(len(options.char_cnn.filters)):
         out[f"CNN/W_cnn_{i}"] = enc[f"conv_{i}"]["kernel"][None]
         out[f"CNN/b_cnn_{i}"] = enc[f"conv_{i}"]["bias"]
@@ -111,6 +117,9 @@ def datasets_to_params(ds: dict[str, np.ndarray], options: ElmoOptions) -> dict:
     c, P = options.char_cnn, options.lstm.projection_dim
     table = ds["char_embed"]
     enc = {"char_embed": np.concatenate([np.zeros((1, table.shape[1]), np.float32), table])}
+    if c.word_dim:
+        words = ds["word_embed"]
+        enc["word_embed"] = np.concatenate([np.zeros((1, words.shape[1]), np.float32), words])
     for i in range(len(c.filters)):
         enc[f"conv_{i}"] = {"kernel": ds[f"CNN/W_cnn_{i}"][0], "bias": ds[f"CNN/b_cnn_{i}"]}
     for k in range(c.n_highway):
@@ -143,7 +152,8 @@ def read_datasets(path: str | os.PathLike, options: ElmoOptions) -> dict[str, np
     with _open(path, "weight file") as fh:
         # bilm-tf leaves CNN_proj out when n_filters == projection_dim; an
         # identity projection is the same function.
-        if "CNN_proj" not in fh and options.char_cnn.n_filters == options.lstm.projection_dim:
+        if ("CNN_proj" not in fh and options.char_cnn.n_filters == options.lstm.projection_dim
+                and not options.char_cnn.word_dim):
             F = options.char_cnn.n_filters
             out["CNN_proj/W_proj"] = np.eye(F, dtype=np.float32)
             out["CNN_proj/b_proj"] = np.zeros(F, np.float32)

@@ -1,4 +1,4 @@
-"""The command-line tools: `elmo-jax train|eval|export|vocab|prepare|score|plan|embed`
+"""The command-line tools: `elmo-jax train|eval|export|vocab|prepare|score|plan|embed|models`
 (installed with the package; `train.py` and `embed.py` in a checkout are the
 same commands). What they share: bad input is a one-line error."""
 from __future__ import annotations
@@ -18,6 +18,10 @@ def run_cli(main) -> None:
     from elmo_jax.config import ConfigError
     from elmo_jax.data import DataError
     from elmo_jax.datasets.common import RecipeError
+    from elmo_jax.hub import DownloadError
+    from elmo_jax.lexicon import LexiconError
+    from elmo_jax.segmentation import SegmentationError
+    from elmo_jax.torch_pickle import TorchPickleError
     from elmo_jax.options import OptionsError
     from elmo_jax.training import TrainingError
     from elmo_jax.training.targets import TargetError
@@ -27,7 +31,8 @@ def run_cli(main) -> None:
     try:
         sys.exit(main())
     except (ConfigError, DataError, OptionsError, RecipeError, VocabError, WeightsError,
-            TrainingError, TargetError, CheckpointError, FileNotFoundError, UnicodeError) as e:
+            TrainingError, TargetError, CheckpointError, FileNotFoundError, UnicodeError,
+            DownloadError, LexiconError, SegmentationError, TorchPickleError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
@@ -42,7 +47,8 @@ def print_result(result: dict, out: str | None = None) -> None:
 
 
 COMMANDS = {"train": "train", "eval": "train", "export": "train", "vocab": "train",
-            "score": "train", "plan": "train", "prepare": "train", "embed": "embed"}
+            "score": "train", "plan": "train", "prepare": "train", "embed": "embed",
+            "models": "models"}
 
 
 def main(argv=None) -> None:
@@ -56,6 +62,8 @@ def main(argv=None) -> None:
     prog = f"elmo-jax {command}"
     if COMMANDS[command] == "embed":
         from elmo_jax.cli import embed as module
+    elif COMMANDS[command] == "models":
+        from elmo_jax.cli import models as module
     else:
         from elmo_jax.cli import train as module
         if command != "train":  # train's subcommands name themselves

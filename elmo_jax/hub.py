@@ -1,0 +1,377 @@
+"""Models by name or URL: cached, verified downloads (`resolve`).
+
+    resolve("original")                      a registry name (`registry.py`)
+    resolve("https://.../x_weights.hdf5", options="https://.../x_options.json")
+    resolve("https://.../179.zip")            an archive of a model folder
+    resolve("/path/to/model.zip")             a local archive (extracted once)
+    resolve("/path/to/folder")                anything else local: returned as is
+
+Everything goes under the cache, `$ELMO_JAX_CACHE`, else
+`${XDG_CACHE_HOME:-~/.cache}/elmo-jax`:
+
+    models/NAME/          a registry model: options.json, weights.hdf5 [, vocab.txt,
+                          softmax.hdf5] (an export folder), or an archive's model
+    urls/KEY/             a model given by URL (KEY: a digest of its URLs)
+    extracted/KEY/        a local archive's contents
+
+A file is downloaded to a temporary name beside its place and renamed there
+only when whole: its size equal to the server's Content-Length (and the
+registry's, where it records one), its sha256 equal to the registry's where
+it records one. `NAME.sha256` beside it records the digest and the URL; a file
+without one, or whose size no longer matches, is fetched again. A lock file
+(`fcntl.flock`) makes concurrent processes (a pod's hosts on a shared disk,
+pytest workers) download once: the others wait, then find it there.
+
+`ELMO_JAX_OFFLINE=1` (or `HF_HUB_OFFLINE=1`) uses the cache only and names
+what is missing; `ELMO_JAX_ENDPOINT=http://host:port` fetches every registry
+URL from that server at the same path (a mirror).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import socket
+import sys
+import tarfile
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+
+from elmo_jax.registry import REGISTRY, Published
+
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
+_CHUNK = 1 << 20
+TIMEOUT_S = 60
+
+
+class DownloadError(OSError):
+    """A model that could not be fetched or used; names the URL and what to do."""
+
+
+def cache_dir() -> str:
+    root = os.environ.get("ELMO_JAX_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "elmo-jax")
+    return os.path.abspath(os.path.expanduser(root))
+
+
+def offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("ELMO_JAX_OFFLINE", "HF_HUB_OFFLINE"))
+
+
+def mirrored(url: str) -> str:
+    """`url` at `$ELMO_JAX_ENDPOINT`'s host, same path (unchanged without it)."""
+    endpoint = os.environ.get("ELMO_JAX_ENDPOINT")
+    if not endpoint:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    return endpoint.rstrip("/") + parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+def is_url(s) -> bool:
+    return isinstance(s, str) and s.split("://", 1)[0].lower() in ("http", "https")
+
+
+def is_archive(path: str) -> bool:
+    return path.lower().endswith(ARCHIVE_SUFFIXES)
+
+
+# -- resolving ---------------------------------------------------------------
+
+
+def resolve(model: str | os.PathLike, options: str | os.PathLike | None = None,
+            progress: bool = True) -> tuple[str, str | None]:
+    """(a local path open_model reads, its options file or None) for a
+    registry name, a URL (with `options=` its options URL) or a local path."""
+    if not is_url(model) and isinstance(model, str) and model in REGISTRY:
+        if options is not None:
+            raise ValueError(f"{model!r} is a registry name: it brings its own options")
+        return fetch_published(REGISTRY[model], progress), None
+    if is_url(model):
+        return _fetch_url_model(str(model), options, progress)
+    path = os.fspath(model)
+    if not os.path.exists(path):
+        if isinstance(model, str) and os.sep not in path and not path.startswith("."):
+            close = [n for n in REGISTRY if n.split("-")[-1] == path.split("-")[-1]][:3]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise FileNotFoundError(f"{path!r} is neither a file, a folder, a URL nor a "
+                                    f"model name{hint}; `elmo-jax models` lists the names")
+        raise FileNotFoundError(f"model not found: {path}")
+    if os.path.isfile(path) and is_archive(path):
+        st = os.stat(path)
+        key = _key(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+        return _extracted(path, os.path.join(cache_dir(), "extracted", key)), None
+    if options is not None and is_url(options):
+        return path, fetch(str(options), _url_dir([options]) + "/options.json", None,
+                           progress=progress)
+    return path, None if options is None else os.fspath(options)
+
+
+def fetch_published(model: Published, progress: bool = True) -> str:
+    """The local folder of a registry model, downloading what is missing."""
+    folder = os.path.join(cache_dir(), "models", model.name)
+    if model.kind == "manylangs":
+        url = model.url("archive")
+        archive = fetch(mirrored(url), os.path.join(folder, "archive" + _suffix(url)), model,
+                        progress=progress, shown=url)
+        return _extracted(archive, os.path.join(folder, "model"))
+    names = {"options": "options.json", "weights": "weights.hdf5", "vocab": "vocab.txt",
+             "softmax": "softmax.hdf5"}
+    for role, url in model.files:
+        fetch(mirrored(url), os.path.join(folder, names[role]),
+              model if role == "weights" else None, progress=progress, shown=url)
+    return folder
+
+
+def _fetch_url_model(url: str, options, progress: bool) -> tuple[str, str | None]:
+    folder = _url_dir([url, options])
+    if is_archive(urllib.parse.urlsplit(url).path):
+        archive = fetch(url, os.path.join(folder, "archive" + _suffix(url)), None,
+                        progress=progress)
+        return _extracted(archive, os.path.join(folder, "model")), None
+    weights = fetch(url, os.path.join(folder, "weights.hdf5"), None, progress=progress)
+    if options is None:
+        raise ValueError(f"{url} is a weights file: give its options file too "
+                         "(options=URL, or --options URL), as AllenNLP's Elmo takes both")
+    if is_url(options):
+        fetch(str(options), os.path.join(folder, "options.json"), None, progress=progress)
+        return weights, os.path.join(folder, "options.json")
+    return weights, os.fspath(options)
+
+
+def _url_dir(urls) -> str:
+    return os.path.join(cache_dir(), "urls", _key(*[str(u) for u in urls]))
+
+
+def _key(*parts) -> str:
+    return hashlib.sha256("\n".join(map(str, parts)).encode()).hexdigest()[:16]
+
+
+def _suffix(url: str) -> str:
+    path = urllib.parse.urlsplit(url).path.lower()
+    return next((s for s in sorted(ARCHIVE_SUFFIXES, key=len, reverse=True)
+                 if path.endswith(s)), "")
+
+
+# -- downloading -------------------------------------------------------------
+
+
+def fetch(url: str, dest: str, model: Published | None = None, progress: bool = True,
+          shown: str | None = None) -> str:
+    """Download `url` to `dest` unless a whole, verified copy is there.
+    `model` gives the registry's size and sha256 to check; `shown` the URL to
+    name in messages (the registry's, when fetched from a mirror)."""
+    shown = shown or url
+    if _cached(dest, model):
+        return dest
+    if offline():
+        raise DownloadError(f"offline (ELMO_JAX_OFFLINE / HF_HUB_OFFLINE is set) and {shown} "
+                            f"is not in the cache ({dest}): run once with a network, or "
+                            "copy the file there")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with _locked(dest + ".lock"):
+        if _cached(dest, model):  # another process fetched it while we waited
+            return dest
+        digest = _download(url, dest, model, progress, shown)
+        _write_record(dest, {"url": shown, "sha256": digest, "size": os.path.getsize(dest)})
+    return dest
+
+
+def _record_path(dest: str) -> str:
+    return dest + ".sha256"
+
+
+def _write_record(dest: str, record: dict) -> None:
+    with open(_record_path(dest) + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(record, fh)
+    os.replace(_record_path(dest) + ".tmp", _record_path(dest))
+
+
+def _cached(dest: str, model: Published | None) -> bool:
+    """A whole copy: there, with its record, of the recorded size (and the
+    registry's size and digest, where it has them)."""
+    if not (os.path.exists(dest) and os.path.exists(_record_path(dest))):
+        return False
+    try:
+        with open(_record_path(dest), encoding="utf-8") as fh:
+            record = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    size = os.path.getsize(dest)
+    if record.get("size") != size:
+        return False
+    if model is not None and model.size is not None and size != model.size:
+        return False
+    return model is None or model.sha256 is None or record.get("sha256") == model.sha256
+
+
+@contextlib.contextmanager
+def _locked(path: str):
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _download(url: str, dest: str, model: Published | None, progress: bool, shown: str) -> str:
+    """Stream `url` into a temporary file beside `dest`, check it, rename it
+    into place; returns its sha256. Nothing is left behind on an error."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dest)}.", suffix=".part",
+                               dir=os.path.dirname(dest))
+    sha, got = hashlib.sha256(), 0
+    try:
+        with os.fdopen(fd, "wb") as out, _open_url(url, shown) as resp:
+            total = resp.headers.get("Content-Length")
+            total = int(total) if total and total.isdigit() else None
+            bar = _progress(total, os.path.basename(dest), progress)
+            try:
+                while True:
+                    try:
+                        chunk = resp.read(_CHUNK)
+                    except http.client.IncompleteRead as e:
+                        got += len(e.partial)
+                        raise DownloadError(f"{shown}: the download broke off after {got} of "
+                                            f"{total} bytes; nothing was kept, run it "
+                                            "again") from None
+                    except (socket.timeout, TimeoutError):
+                        raise DownloadError(f"{shown}: timed out after {TIMEOUT_S} s without "
+                                            f"data, after {got} bytes; nothing was kept, run "
+                                            "it again") from None
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    sha.update(chunk)
+                    got += len(chunk)
+                    bar.update(len(chunk))
+            finally:
+                bar.close()
+        if total is not None and got != total:
+            raise DownloadError(f"{shown}: got {got} bytes, the server announced {total}: the "
+                                "download is incomplete; nothing was kept, run it again")
+        if model is not None and model.size is not None and got != model.size:
+            raise DownloadError(f"{shown}: got {got} bytes, the registry records "
+                                f"{model.size}: not the published file; nothing was kept")
+        digest = sha.hexdigest()
+        if model is not None and model.sha256 is not None and digest != model.sha256:
+            raise DownloadError(f"{shown}: sha256 {digest} differs from the registry's "
+                                f"{model.sha256}: corrupt or not the published file; nothing "
+                                "was kept")
+        os.replace(tmp, dest)
+        return digest
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(e, DownloadError):
+            raise
+        if e.errno == errno.ENOSPC:
+            raise DownloadError(f"{shown}: the disk is full writing {dest}; free space or set "
+                                "ELMO_JAX_CACHE to a larger disk") from None
+        raise DownloadError(f"{shown}: {e}") from None
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _open_url(url: str, shown: str):
+    request = urllib.request.Request(url, headers={"User-Agent": "elmo-jax"})
+    try:
+        resp = urllib.request.urlopen(request, timeout=TIMEOUT_S)
+    except urllib.error.HTTPError as e:
+        what = ("not there: the file has moved or the name is wrong"
+                if e.code == 404 else "refused by the server")
+        raise DownloadError(f"{shown}: HTTP {e.code} {e.reason}, {what}; check "
+                            "`elmo-jax models`, or set ELMO_JAX_ENDPOINT to a mirror that has "
+                            "it") from None
+    except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError) as e:
+        reason = getattr(e, "reason", e)
+        raise DownloadError(f"{shown}: cannot reach the server ({reason}); without a network "
+                            "set ELMO_JAX_OFFLINE=1 to use the cache, or ELMO_JAX_ENDPOINT "
+                            "to a mirror") from None
+    with resp:
+        yield resp
+
+
+def _progress(total, name: str, show: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=name,
+                disable=not show or not sys.stderr.isatty(), file=sys.stderr)
+
+
+# -- archives ------------------------------------------------------------------
+
+
+def _extracted(archive: str, target: str) -> str:
+    """The model folder inside `archive`, extracted (once) into `target`."""
+    done = os.path.join(target, ".complete")
+    if not os.path.exists(done):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with _locked(target + ".lock"):
+            if not os.path.exists(done):
+                if offline() and not os.path.exists(archive):
+                    raise DownloadError(f"offline, and {archive} is not in the cache")
+                tmp = tempfile.mkdtemp(prefix=".extract.", dir=os.path.dirname(target))
+                try:
+                    extract_archive(archive, tmp)
+                    with open(os.path.join(tmp, ".complete"), "w") as fh:
+                        fh.write(archive + "\n")
+                    if os.path.exists(target):
+                        shutil.rmtree(target)
+                    os.replace(tmp, target)
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
+    return model_root(target)
+
+
+def extract_archive(archive: str, out_dir: str) -> None:
+    """Extract a zip or tar (gz, bz2, xz) archive into `out_dir`, refusing any
+    member that would land outside it (absolute paths, `..`, links)."""
+    root = os.path.realpath(out_dir)
+
+    def inside(name: str) -> bool:
+        target = os.path.realpath(os.path.join(root, name))
+        return target == root or target.startswith(root + os.sep)
+
+    try:
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as z:
+                for name in z.namelist():
+                    if not inside(name):
+                        raise DownloadError(f"{archive}: member {name!r} would be written "
+                                            "outside the folder; refused")
+                z.extractall(root)
+            return
+        with tarfile.open(archive) as t:
+            for m in t.getmembers():
+                if not inside(m.name) or m.issym() or m.islnk() or m.isdev():
+                    raise DownloadError(f"{archive}: member {m.name!r} would be written "
+                                        "outside the folder, or is a link; refused")
+            t.extractall(root, filter="data")
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError) as e:
+        raise DownloadError(f"{archive}: not a readable zip or tar archive, or truncated "
+                            f"({e}); delete it to fetch it again") from None
+
+
+def model_root(folder: str) -> str:
+    """The model in `folder`: at its top, or in its one sub-folder."""
+    entries = [e for e in os.listdir(folder) if not e.startswith(".") and e != "__MACOSX"]
+    if any(os.path.isfile(os.path.join(folder, e)) for e in entries):
+        return folder
+    dirs = [e for e in entries if os.path.isdir(os.path.join(folder, e))]
+    if len(dirs) == 1:
+        return model_root(os.path.join(folder, dirs[0]))
+    raise DownloadError(f"{folder}: no model at the archive's top and not one folder "
+                        f"({len(dirs)} folders)")

@@ -1,0 +1,53 @@
+"""Raw text -> tokens: `tokenize(line, lang="en" | "zh")`.
+
+en: the Moses tokeniser (sacremoses), as the English corpus recipes use it.
+zh: jieba's word segmentation (the `elmo-jax[zh]` extra), whose words are the
+    biLM's tokens; whitespace is dropped, Latin words and numbers inside
+    Chinese text stay whole ("我用ELMo模型" gives 我用 / ELMo / 模型, "JAX 0.10"
+    JAX / 0.10), and full-width punctuation (，。！？) is a token of its own.
+
+`tokenize_lines` segments many lines at once (a corpus is segmented once, by
+the recipe or `train.py vocab`, and the result kept: never per epoch).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+LANGS = ("en", "zh")
+
+
+class SegmentationError(RuntimeError):
+    """A tokeniser that cannot run here (a missing package); says what to install."""
+
+
+def _jieba():
+    try:
+        import jieba
+    except ImportError:
+        raise SegmentationError("Chinese segmentation needs jieba: pip install 'elmo-jax[zh]' "
+                                "(or pip install jieba)") from None
+    jieba.setLogLevel(60)  # no "Building prefix dict" chatter on stderr
+    return jieba
+
+
+_MOSES = None
+
+
+def tokenize(line: str, lang: str = "en") -> list[str]:
+    """The tokens of one line of raw text."""
+    return tokenize_lines([line], lang)[0]
+
+
+def tokenize_lines(lines: Iterable[str], lang: str = "en") -> list[list[str]]:
+    """The tokens of each line (a blank line gives [])."""
+    global _MOSES
+    if lang not in LANGS:
+        raise ValueError(f"lang must be one of {LANGS}, got {lang!r}")
+    if lang == "zh":
+        jieba = _jieba()
+        return [[w for w in jieba.cut(line) if w.strip()] for line in lines]
+    if _MOSES is None:
+        from elmo_jax.datasets.common import Tokenizer
+
+        _MOSES = Tokenizer()
+    return [_MOSES.words(line) if line.strip() else [] for line in lines]
