@@ -81,7 +81,7 @@ class Lexicon:
         if not token:
             raise ValueError("empty token: a token must have at least one character")
         if token in ("<bos>", "<eos>"):
-            return boundary_ids(max_chars, self.words is not None)[token == "<eos>"]
+            return boundary_ids(max_chars, self.words is not None)[int(token == "<eos>")]
         token = token[:max_chars - 2]
         out = np.full(max_chars + (self.words is not None), PAD, np.int32)
         out[0] = BOW
@@ -89,6 +89,19 @@ class Lexicon:
         out[len(token) + 1] = EOW
         if self.words is not None:
             out[-1] = self._word_rows.get(token, WORD_OOV)
+        return out
+
+    def spell_all(self, spellings: Sequence[str], max_chars: int) -> np.ndarray:
+        """[K, ids per token] int32 for a corpus' spellings (`data.streams`):
+        "" (the padding spelling) all zeros, `<S>` and `</S>` the boundaries."""
+        width = max_chars + (self.words is not None)
+        out = np.zeros((len(spellings), width), np.int32)
+        bounds = boundary_ids(max_chars, self.words is not None)
+        for i, w in enumerate(spellings):
+            if w in ("<S>", "</S>"):
+                out[i] = bounds[int(w == "</S>")]
+            elif w:
+                out[i] = self.token_ids(w, max_chars)
         return out
 
     def batch_ids(self, sentences: Sequence[Sequence[str]], max_chars: int,

@@ -99,9 +99,10 @@ def open_model(path: str | os.PathLike, options: str | os.PathLike | None = None
             raise ConfigError(f"{path} is a training workdir: its options are its config.json")
         config, vocab = read_run(path)
         step, params = checkpoints.read_params(path, step)
+        lexicon = Lexicon.load(path) if config.model.char_cnn.spelling == "lexicon" else None
         return StoredModel(config.model, params["bilm"], vocab,
                            unpad_softmax(params["softmax"], len(vocab)), "workdir", step, config,
-                           path=path)
+                           lexicon=lexicon, path=path)
     exported = load_export(path, options)
     return StoredModel(exported.options, exported.params, exported.vocab, exported.softmax,
                        "export" if os.path.isdir(path) else "weights", lexicon=exported.lexicon,

@@ -107,3 +107,38 @@ def test_export_reads_back_exactly_and_a_zip_of_the_folder_opens(tmp_path):
         for name in os.listdir(TINY):
             z.write(os.path.join(TINY, name), f"tiny.model/{name}")
     assert_matches(Elmo.from_pretrained(str(archive)).embed_sentences(sentences), want)
+
+
+@pytest.mark.e2e
+def test_fine_tunes_and_exports_with_its_lexicon(tmp_path):
+    """--init_from an ELMoForManyLangs folder: the run spells with its lexicon
+    (kept in the workdir and the export); at a learning rate of zero the
+    exported model still gives the package's vectors, and a real run learns."""
+    from elmo_jax import training
+    from elmo_jax.config import DataConfig, load_config
+
+    corpus = ["你 什么 时候 方便 ， 我们 一起 吃 个 饭 。",
+              "12号 地铁线 马上 就要 开通 了 ， 以后 我们 出行 就 更加 方便 了 。",
+              "The bank of the river is steep .", "I play the piano every day ."] * 8
+    (tmp_path / "train.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    words = sorted({w for line in corpus for w in line.split()})
+    (tmp_path / "vocab.txt").write_text("\n".join(["<S>", "</S>", "<UNK>"] + words) + "\n",
+                                        encoding="utf-8")
+    sentences, want = expected(TINY)
+
+    def run(workdir, steps, rate):
+        config = load_config(os.path.join(REPO, "configs", "tiny.json"), [
+            "model.batch_size=4", "model.unroll_steps=6", "model.n_negative_samples_batch=8",
+            f"train.max_steps={steps}", "train.log_every=1", f"train.learning_rate={rate}"])
+        config = config.replace(data=DataConfig(
+            train_files=str(tmp_path / "train.txt"), vocab_file=str(tmp_path / "vocab.txt"),
+            eval_files=str(tmp_path / "train.txt"), init_from=TINY))
+        return training.train_and_evaluate(config, str(workdir), progress=False)
+
+    run(tmp_path / "still", 2, 1e-30)
+    training.export(str(tmp_path / "still"), str(tmp_path / "export"))
+    assert_matches(Elmo.from_pretrained(str(tmp_path / "export")).embed_sentences(sentences),
+                   want)
+    first = run(tmp_path / "ft", 1, 0.2)["eval_ppl"]
+    last = run(tmp_path / "ft", 40, 0.2)["eval_ppl"]  # resumes the same workdir
+    assert last < 0.75 * first, (first, last)

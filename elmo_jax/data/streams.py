@@ -181,10 +181,19 @@ def spell_all(spellings: list[str], max_chars: int) -> np.ndarray:
 class SpellingTables:
     """Per spelling: its character ids [K, C] (uint16), the width the
     character CNN needs of it (`chars.trim_padding`'s L + widest filter), and
-    its vocabulary id."""
+    its vocabulary id. With a `lexicon` (ELMoForManyLangs' spelling,
+    `lexicon.py`) the ids are the lexicon's [K, C (+1: the word id)] int32,
+    never cut (`max_chars` is then that width)."""
 
     def __init__(self, spellings: list[str], vocab: Vocabulary, max_chars: int,
-                 widest_filter: int = 0):
+                 widest_filter: int = 0, lexicon=None):
+        if lexicon is not None:
+            self.chars = lexicon.spell_all(spellings, max_chars)
+            self.max_chars = self.chars.shape[1]
+            self.width = np.full(len(spellings), self.max_chars, np.int32)
+            self.width[PAD_ID] = 0
+            self.vocab_ids = vocab.encode(spellings).astype(np.int32)
+            return
         self.chars = spell_all(spellings, max_chars)
         last = np.where(self.chars == EOW_CHAR + 1, np.arange(1, max_chars + 1), 0).max(axis=1)
         self.width = np.minimum(max_chars, last + widest_filter).astype(np.int32)
@@ -239,7 +248,7 @@ class StreamBatcher:
                  unroll_steps: int, max_chars: int, n_groups: int = 1,
                  rows: tuple[int, int] | None = None, seed: int = 0, widest_filter: int = 0,
                  tables: SpellingTables | None = None, shapes: TableShapes | None = None,
-                 once: bool = False):
+                 once: bool = False, lexicon=None):
         if batch_size % n_groups:
             raise DataError(f"batch size {batch_size} does not split into {n_groups} groups")
         self.corpus, self.B, self.U, self.S = corpus, batch_size, unroll_steps, n_groups
@@ -249,7 +258,8 @@ class StreamBatcher:
             raise DataError(f"rows {start}..{stop} are not whole groups of {self.per_group}")
         self.rows = np.arange(start, stop, dtype=np.int64)
         self.seed, self.once = seed, once
-        self.tables = tables or SpellingTables(corpus.spellings, vocab, max_chars, widest_filter)
+        self.tables = tables or SpellingTables(corpus.spellings, vocab, max_chars, widest_filter,
+                                               lexicon)
         self.shapes = shapes or table_shapes(self)
         self._perms: dict[int, np.ndarray] = {}
         self._scratch: np.ndarray | None = None  # [groups * spellings] for the token tables

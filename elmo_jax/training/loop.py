@@ -43,7 +43,7 @@ from elmo_jax.training.partitioning import (abstract_batch, check_divisible, cre
                                             process_rows, train_mesh)
 from elmo_jax.training.pod import Decisions, agree_on_the_workdir, failures_stop_every_process
 from elmo_jax.training.steps import eval_step
-from elmo_jax.training.workdir import (MetricsLog, TrainingError, load_pretrained,
+from elmo_jax.training.workdir import (MetricsLog, TrainingError, load_pretrained, run_lexicon,
                                        restore_checkpoint, save_checkpoint, write_run)
 from elmo_jax.vocab import Vocabulary
 
@@ -79,7 +79,7 @@ def _eval_jit(options: ElmoOptions, config: TrainConfig, mesh):
     largest a window can need (two rows a position, the full width), so that
     it compiles once; `warm_evaluation` compiles it before training."""
     B, U = config.eval_batch_size, config.eval_unroll_steps
-    shape = (data_lib.largest_table(B // mesh.size, U), options.char_cnn.max_characters_per_token)
+    shape = (data_lib.largest_table(B // mesh.size, U), options.char_cnn.ids_per_token)
     init = jax.jit(functools.partial(init_state, options, B),
                    out_shardings=lstm_state_sharding(mesh))
     step = jax.jit(functools.partial(_eval_sums, options=options, config=config, mesh=mesh),
@@ -99,7 +99,7 @@ def warm_evaluation(params, options: ElmoOptions, config: TrainConfig, mesh) -> 
 
 
 def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Vocabulary,
-             eval_files: str, mesh=None) -> dict:
+             eval_files: str, mesh=None, lexicon=None) -> dict:
     """Perplexity over held-out files, read once in order by `eval_batch_size`
     streams with the state carried (row r reads sentences r, r + B, r + 2B,
     ... of the files in order): forward, backward, and bilm-tf's number, exp
@@ -118,7 +118,8 @@ def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Voc
     _check_eval_batch(config, mesh.size)
     step, shape, init = _eval_jit(options, config, mesh)
     B, U = config.eval_batch_size, config.eval_unroll_steps
-    corpus, tables = _held_out(eval_files, vocab, options.char_cnn.max_characters_per_token)
+    corpus, tables = _held_out(eval_files, vocab, options.char_cnn.max_characters_per_token,
+                               lexicon)
     batcher = data_lib.StreamBatcher(
         corpus, vocab, B, U, options.char_cnn.max_characters_per_token, n_groups=mesh.size,
         rows=process_rows(mesh, B), tables=tables, once=True,
@@ -137,10 +138,10 @@ def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Voc
 _HELD_OUT: dict = {}  # the last held-out corpus read, with its spelling tables
 
 
-def _held_out(eval_files: str, vocab: Vocabulary, max_chars: int):
+def _held_out(eval_files: str, vocab: Vocabulary, max_chars: int, lexicon=None):
     """(TokenCorpus, SpellingTables) of the held-out files, read once per run
     (evaluation every `eval_every` steps reads the same files)."""
-    key = (eval_files, id(vocab), max_chars)
+    key = (eval_files, id(vocab), max_chars, id(lexicon))
     if key not in _HELD_OUT:
         try:
             corpus = data_lib.TokenCorpus.from_files(eval_files)
@@ -149,7 +150,8 @@ def _held_out(eval_files: str, vocab: Vocabulary, max_chars: int):
                 raise data_lib.DataError(f"no held-out sentences in {eval_files!r}") from None
             raise
         _HELD_OUT.clear()
-        _HELD_OUT[key] = corpus, data_lib.SpellingTables(corpus.spellings, vocab, max_chars)
+        _HELD_OUT[key] = corpus, data_lib.SpellingTables(corpus.spellings, vocab, max_chars,
+                                                         lexicon=lexicon)
     return _HELD_OUT[key]
 
 
@@ -158,7 +160,8 @@ def evaluate_workdir(workdir: str, eval_files: str) -> dict:
     run = open_model(workdir)
     params = {"bilm": run.params, "softmax": pad_softmax(run.softmax, len(run.vocab))}
     return {"step": run.step,
-            **evaluate(params, run.options, run.config.train, run.vocab, eval_files)}
+            **evaluate(params, run.options, run.config.train, run.vocab, eval_files,
+                       lexicon=run.lexicon)}
 
 
 def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bool
@@ -174,7 +177,8 @@ def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bo
                           "vocabulary")
     if resuming:
         saved, saved_vocab = read_run(workdir)
-        if not saved.model.same_model(model):
+        # a fine-tuning run has its pretrained model's architecture, not the config's
+        if not saved.model.same_model(model) and not config.data.init_from:
             raise TrainingError(f"{workdir} holds a run of another model; use a new --workdir")
         if saved_vocab.words != vocab.words:
             raise TrainingError(f"{workdir} was trained with another vocabulary than "
@@ -205,14 +209,16 @@ def open_training_corpus(config: Config, source=None) -> data_lib.TokenCorpus:
     return data_lib.open_corpus(config.data.train_files)
 
 
-def make_batcher(config: Config, vocab: Vocabulary, mesh, source=None) -> data_lib.StreamBatcher:
-    """This process's rows of the global batch, one token table per device."""
+def make_batcher(config: Config, vocab: Vocabulary, mesh, source=None, lexicon=None
+                 ) -> data_lib.StreamBatcher:
+    """This process's rows of the global batch, one token table per device
+    (spelled with `lexicon` for a model that reads one)."""
     options = config.model
     batcher = data_lib.StreamBatcher(
         open_training_corpus(config, source), vocab, options.batch_size, options.unroll_steps,
         options.char_cnn.max_characters_per_token, n_groups=mesh.size,
         rows=process_rows(mesh, options.batch_size), seed=config.train.seed,
-        widest_filter=options.char_cnn.widest_filter)
+        widest_filter=options.char_cnn.widest_filter, lexicon=lexicon)
     if config.train.input_workers > 0:
         return data_lib.ParallelStreamBatcher(batcher, config.train.input_workers)
     return batcher
@@ -400,9 +406,10 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
     resume_step = mngr.latest_step()
     agree_on_the_workdir(workdir, resume_step)
     config, pretrained = _resolve_model(config, workdir, vocab, resume_step is not None)
+    lexicon = run_lexicon(workdir, config.model, pretrained)
     mesh = train_mesh(config.model, config.train, len(vocab))
     check_before_training(config, vocab, mesh, source)
-    batcher = make_batcher(config, vocab, mesh, source)
+    batcher = make_batcher(config, vocab, mesh, source, lexicon)
     built = create_train_step(config.model, config.train, len(vocab), mesh)
     t0 = time.time()
     programs = compile_ahead(built.step, built.abstract_state, batcher.shapes, config.model, mesh)
@@ -433,11 +440,11 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
             print(f"resuming from the checkpoint of step {resume_step}", file=sys.stderr)
     else:
         state, count = rewind(None)
-        write_run(workdir, config, vocab)
+        write_run(workdir, config, vocab, lexicon)
     try:
         with _stop_requests() as stop:
             return _loop(config, vocab, workdir, state, count, built.step, batcher, mesh, rewind,
-                         mngr, stop, resume_step, progress)
+                         mngr, stop, resume_step, progress, lexicon)
     finally:
         mngr.wait_until_finished()
         if hasattr(batcher, "close"):
@@ -449,13 +456,13 @@ def use_compilation_cache() -> None:
     restarted run reaches its first step without compiling again."""
     if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
         return
-    root = os.environ.get("ELMO_JAX_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "elmo-jax")
-    jax.config.update("jax_compilation_cache_dir", os.path.join(root, "xla"))
+    from elmo_jax.hub import cache_dir
+
+    jax.config.update("jax_compilation_cache_dir", os.path.join(cache_dir(), "xla"))
 
 
 def _loop(config, vocab, workdir, state, count, step_fn, batcher, mesh, rewind, mngr, stop,
-          last_saved, progress) -> dict:
+          last_saved, progress, lexicon=None) -> dict:
     from tqdm import tqdm
 
     tc, eval_files = config.train, config.data.eval_files
@@ -549,7 +556,7 @@ def _loop(config, vocab, workdir, state, count, step_fn, batcher, mesh, rewind, 
             # a preemption notice leaves seconds: after a signal, only the checkpoint
             if eval_now:
                 last = {"step": step, **evaluate(state.params, config.model, tc, vocab,
-                                                 eval_files, mesh),
+                                                 eval_files, mesh, lexicon),
                         "compiled_since_step_1": _COMPILED[0] - compiled_before}
                 log.write(last)
             if stopping:
@@ -563,7 +570,7 @@ def _loop(config, vocab, workdir, state, count, step_fn, batcher, mesh, rewind, 
                 break
         if eval_files and not signalled and not (tc.eval_every and step % tc.eval_every == 0):
             last = {"step": step, **evaluate(state.params, config.model, tc, vocab, eval_files,
-                                             mesh)}
+                                             mesh, lexicon)}
             if compiled_before is not None:
                 last["compiled_since_step_1"] = _COMPILED[0] - compiled_before
             log.write(last)

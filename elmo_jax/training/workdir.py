@@ -22,6 +22,7 @@ import numpy as np
 from elmo_jax import checkpoints
 from elmo_jax import export as export_lib
 from elmo_jax.config import Config, save_config
+from elmo_jax.lexicon import LEXICON_FILE, Lexicon
 from elmo_jax.stored import CONFIG_FILE, StoredModel, open_model
 from elmo_jax.training.partitioning import cursor_sharding
 from elmo_jax.training.steps import TrainState
@@ -80,18 +81,35 @@ def restore_checkpoint(mngr, step: int, abstract_state: TrainState, mesh, batch_
     return state, {"batches": data["batches"], "cursors": local}
 
 
-def write_run(workdir: str, config: Config, vocab: Vocabulary) -> None:
-    """Record a new run's resolved config and vocabulary (process 0 writes)."""
+def write_run(workdir: str, config: Config, vocab: Vocabulary, lexicon=None) -> None:
+    """Record a new run's resolved config and vocabulary, and the lexicon of a
+    model that spells with one (process 0 writes)."""
     if jax.process_index() == 0:
         vocab.to_file(os.path.join(workdir, export_lib.VOCAB_FILE))
+        if lexicon is not None:
+            lexicon.save(workdir)
         save_config(config, os.path.join(workdir, CONFIG_FILE))
+
+
+def run_lexicon(workdir: str, options, pretrained: StoredModel | None):
+    """The lexicon a run spells with: the pretrained model's (fine-tuning an
+    ELMoForManyLangs model), else the workdir's (resuming one), else None."""
+    if options.char_cnn.spelling != "lexicon":
+        return None
+    if pretrained is not None and pretrained.lexicon is not None:
+        return pretrained.lexicon
+    if os.path.exists(os.path.join(workdir, LEXICON_FILE)):
+        return Lexicon.load(workdir)
+    raise TrainingError(f"the model spells tokens with a lexicon, and neither --init_from nor "
+                        f"{workdir} has one ({LEXICON_FILE})")
 
 
 def export(workdir: str, out_dir: str) -> dict:
     """The newest checkpoint as an export folder (`export.py`): bilm-tf's /
     AllenNLP's format, with the vocabulary and the softmax (for scoring)."""
     run = open_model(workdir)
-    export_lib.save_export(out_dir, run.params, run.options, run.vocab, softmax=run.softmax)
+    export_lib.save_export(out_dir, run.params, run.options, run.vocab, softmax=run.softmax,
+                           lexicon=run.lexicon)
     return {"step": run.step, "out_dir": out_dir}
 
 
