@@ -94,18 +94,24 @@ def test_tokenize_raw_text(tmp_path):
         assert fh["0"].shape[1] == 8  # Hello , world . It 's fine .
 
 
-def test_tokenize_without_sacremoses_says_what_to_install(tmp_path):
-    """sacremoses is an optional dependency (the `corpora` extra): without it,
-    --tokenize is a one-line error naming the package, not a traceback."""
-    hidden = tmp_path / "hide" / "sacremoses"
+@pytest.mark.parametrize("package, lang, line, message", [
+    ("sacremoses", "en", "Hello, world.",
+     "error: tokenising needs sacremoses: pip install sacremoses (or elmo-jax[corpora])"),
+    ("jieba", "zh", "你什么时候方便",
+     "error: Chinese segmentation needs jieba: pip install 'elmo-jax[zh]' (or pip install "
+     "jieba)")])
+def test_tokenize_without_its_package_says_what_to_install(tmp_path, package, lang, line,
+                                                          message):
+    """sacremoses and jieba are optional dependencies (the `corpora` and `zh`
+    extras): without one, --tokenize is a one-line error naming it, not a
+    traceback."""
+    hidden = tmp_path / "hide" / package
     hidden.mkdir(parents=True)
-    (hidden / "__init__.py").write_text("raise ImportError(\"No module named 'sacremoses'\")\n")
-    _, r = run_embed(tmp_path, "--options", OPTIONS, "--weights", WEIGHTS, "--tokenize",
-                     lines=["Hello, world."], expect_ok=False,
-                     env={"PYTHONPATH": str(tmp_path / "hide")})
+    (hidden / "__init__.py").write_text(f"raise ImportError(\"No module named '{package}'\")\n")
+    _, r = run_embed(tmp_path, "--options", OPTIONS, "--weights", WEIGHTS, "--tokenize", lang,
+                     lines=[line], expect_ok=False, env={"PYTHONPATH": str(tmp_path / "hide")})
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert r.stderr.strip().splitlines()[-1] == ("error: tokenising needs sacremoses: "
-                                                 "pip install sacremoses (or elmo-jax[corpora])")
+    assert r.stderr.strip().splitlines()[-1] == message
     assert not (tmp_path / "out.hdf5").exists()
 
 
