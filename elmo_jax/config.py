@@ -84,6 +84,7 @@ class DataConfig:
     eval_files: str | None = None             # glob of held-out files for perplexity
     source: str = "text"                      # "text" (train_files) or "lm1b" (TFDS)
     init_from: str | None = None              # fine-tune: weights hdf5, export dir or workdir
+    tokenize: str | None = None               # "en" | "zh": raw lines segmented first (cached)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +130,8 @@ def config_from_dict(d: dict) -> Config:
     data = _section(DataConfig, d.get("data", {}), "data")
     if data.source not in ("text", "lm1b"):
         raise ConfigError(f"'data.source' must be 'text' or 'lm1b', got {data.source!r}")
+    if data.tokenize not in (None, "en", "zh"):
+        raise ConfigError(f"'data.tokenize' must be 'en', 'zh' or null, got {data.tokenize!r}")
     train = _section(TrainConfig, d.get("train", {}), "train")
     if train.softmax not in ("sampled", "full"):
         raise ConfigError(f"'train.softmax' must be 'sampled' or 'full', got {train.softmax!r}")

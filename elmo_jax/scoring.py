@@ -126,7 +126,7 @@ def corpus_perplexity(records: Sequence[dict]) -> dict:
 
 
 def score_file(model: str, input_file: str, output_file: str, batch_size: int = 32,
-               stateful: bool = False) -> dict:
+               stateful: bool = False, tokenize: str | None = None) -> dict:
     """Score each line of `input_file` (line i -> JSON line i, blank lines
     included); returns a summary with the corpus perplexities."""
     from elmo_jax.data import read_sentences
@@ -134,6 +134,10 @@ def score_file(model: str, input_file: str, output_file: str, batch_size: int = 
 
     options, params, softmax, vocab = load_language_model(model)
     sentences = read_sentences(input_file, keep_empty=True)
+    if tokenize:
+        from elmo_jax.segmentation import tokenize_lines
+
+        sentences = tokenize_lines([" ".join(s) for s in sentences], tokenize)
     records = score_sentences(params, softmax, options, vocab, sentences, batch_size, stateful)
     write_text(output_file, "".join(json.dumps({"line": i, **r}) + "\n"
                                     for i, r in enumerate(records)))

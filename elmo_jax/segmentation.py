@@ -51,3 +51,40 @@ def tokenize_lines(lines: Iterable[str], lang: str = "en") -> list[list[str]]:
 
         _MOSES = Tokenizer()
     return [_MOSES.words(line) if line.strip() else [] for line in lines]
+
+
+def segmented_files(pattern: str, lang: str) -> str:
+    """A glob of the files matching `pattern`, each line tokenised with `lang`:
+    written once into the cache (`hub.cache_dir()/segmented/KEY/`, KEY a digest
+    of the files' paths, sizes and times and of `lang`) and reused by every
+    later run, epoch and process, as long as the files are unchanged."""
+    import hashlib
+    import os
+
+    from elmo_jax.data.sources import list_shards
+    from elmo_jax.files import atomic_path, split_lines
+    from elmo_jax.hub import _locked, cache_dir
+
+    if lang not in LANGS:
+        raise ValueError(f"tokenize must be one of {LANGS}, got {lang!r}")
+    paths = list_shards(pattern)
+    digest = hashlib.sha256(lang.encode())
+    for p in paths:
+        st = os.stat(p)
+        digest.update(f"\n{os.path.abspath(p)}\t{st.st_size}\t{st.st_mtime_ns}".encode())
+    out = os.path.join(cache_dir(), "segmented", digest.hexdigest()[:16])
+    done = os.path.join(out, "DONE")
+    if not os.path.exists(done):
+        os.makedirs(out, exist_ok=True)
+        with _locked(os.path.join(out, ".lock")):
+            if not os.path.exists(done):
+                for i, p in enumerate(paths):
+                    with open(p, encoding="utf-8", errors="strict") as fh:
+                        lines = split_lines(fh.read())
+                    tokens = tokenize_lines(lines, lang)
+                    target = os.path.join(out, f"{i:05d}-{os.path.basename(p)}")
+                    with atomic_path(target) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+                        fh.writelines(" ".join(t) + "\n" for t in tokens)
+                with open(done, "w", encoding="utf-8") as fh:
+                    fh.write("\n".join(paths) + "\n")
+    return os.path.join(out, "*-*")

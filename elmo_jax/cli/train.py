@@ -35,6 +35,8 @@ SHORTHANDS = {
                                     "an export folder or a training workdir"),
     "source": ("data.source", "text (the default: --train_files) or lm1b (TensorFlow "
                               "Datasets' One Billion Word Benchmark)"),
+    "tokenize": ("data.tokenize", "en or zh: the files are raw lines, tokenised once (Moses, "
+                                  "or jieba's Chinese segmentation) and cached"),
     "max_steps": ("train.max_steps", "stop after this many steps"),
     "max_seconds": ("train.max_seconds", "stop (and checkpoint) after this long"),
     "seed": ("train.seed", None),
@@ -120,10 +122,17 @@ def _vocab(argv, prog):
     ap.add_argument("--out", required=True)
     ap.add_argument("--max_vocab", type=int, help="entries in all, the 3 specials included")
     ap.add_argument("--min_count", type=int, default=1)
+    ap.add_argument("--tokenize", choices=("en", "zh"),
+                    help="raw lines: tokenise (Moses) or segment Chinese (jieba) first, cached")
     args = ap.parse_args(argv)
     from elmo_jax import data
 
-    v, stats = data.vocab_from_files(args.train_files, args.max_vocab, args.min_count)
+    files = args.train_files
+    if args.tokenize:
+        from elmo_jax.segmentation import segmented_files
+
+        files = segmented_files(files, args.tokenize)
+    v, stats = data.vocab_from_files(files, args.max_vocab, args.min_count)
     v.to_file(args.out)
     print(json.dumps({"out": args.out, **stats}))
 
@@ -153,8 +162,10 @@ def _score(argv, prog):
         "JSON line per input line (blank lines included): tokens, forward_logprob, "
         "backward_logprob, logprob (their mean, natural log), forward_ppl, backward_ppl, ppl."))
     ap.add_argument("--model", required=True,
-                    help="an export folder (train.py export: with softmax.hdf5 and vocab.txt) "
-                         "or a training workdir")
+                    help="an export folder (train.py export: with softmax.hdf5 and vocab.txt), "
+                         "a training workdir, or a registry name whose download has a softmax")
+    ap.add_argument("--tokenize", choices=("en", "zh"),
+                    help="raw lines: tokenise (Moses) or segment Chinese (jieba) first")
     ap.add_argument("--input", required=True, help="UTF-8 text, one tokenised sentence a line")
     ap.add_argument("--output", required=True, help="JSON lines to write")
     ap.add_argument("--batch_size", type=int, default=32)
@@ -164,7 +175,7 @@ def _score(argv, prog):
     from elmo_jax.scoring import score_file
 
     print(json.dumps(score_file(args.model, args.input, args.output, args.batch_size,
-                                args.stateful)))
+                                args.stateful, args.tokenize)))
 
 
 def _plan(argv, prog):

