@@ -12,6 +12,7 @@
    vectors coloured by WordNet sense.
 
     python demo.py [--minutes 9] [--workdir runs/demo] [--cache_dir DIR]
+    python demo.py --lang zh     # the Chinese demo (demo_zh.py): news + People's Daily, 方便
 """
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def neighbours(elmo, rec, vocab_words):
                 print(f"     {sim:.2f}  {explore.snippet(pool[i], k)}")
 
 
-def plot_curve(workdir, out_png, ppl):
+def plot_curve(workdir, out_png, ppl, title="tiny ELMo on Brown + SOTU"):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -141,7 +142,7 @@ def plot_curve(workdir, out_png, ppl):
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("perplexity")
-    ax.set_title("tiny ELMo on Brown + SOTU")
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_png, dpi=120)
@@ -188,7 +189,16 @@ def main():
     ap.add_argument("--cache_dir", help="corpora cache (default $ELMO_JAX_CACHE or ~/.cache/elmo-jax)")
     ap.add_argument("--keep", action="store_true", help="resume the previous demo run instead "
                                                         "of starting over")
+    ap.add_argument("--lang", choices=("en", "zh"), default="en",
+                    help="en: English (Brown, SOTU); zh: Chinese (news, People's Daily; "
+                         "default workdir runs/demo-zh)")
     args = ap.parse_args()
+    if args.lang == "zh":
+        import demo_zh
+
+        if args.workdir == os.path.join(HERE, "runs", "demo"):
+            args.workdir = os.path.join(HERE, "runs", "demo-zh")
+        return demo_zh.main(args, section, train, plot_curve)
     t0 = time.time()
     if not args.keep:
         shutil.rmtree(args.workdir, ignore_errors=True)

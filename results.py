@@ -7,9 +7,15 @@
 3. tags Brown (universal POS, fixed split by file) with a linear tagger over:
    the scalar mix, layer 0, the top layer, and random word embeddings;
 4. runs the 1-nearest-neighbour WordNet sense probe per layer;
-5. writes the tables of RESULTS.md (between its markers) and runs/results/results.json.
+5. writes the tables of RESULTS.md (between its markers) and runs/results/results.json;
+6. Chinese (`--parts zh`): pretrains `tiny` on Chinese news + People's Daily's
+   training text for --zh_minutes, and tags People's Daily (PKU tags) the same
+   ways; with --zhs_model (ELMoForManyLangs' Simplified Chinese model, a local
+   path or the cached `manylangs-zhs`) also with that model. Its tables go
+   between the `results-zh` markers (runs/results/results-zh.json).
 
     python results.py [--pretrain_minutes 20] [--finetune_minutes 8] [--tagger_epochs 2]
+                      [--parts en zh] [--zh_minutes 20] [--zhs_model PATH]
 
 Each step prints the command line that repeats it on its own, and leaves its\nresult in --workdir: run again, it resumes after the last finished step.
 """
@@ -79,10 +85,19 @@ def main():
     ap.add_argument("--max_train_sentences", type=int,
                     help="tag with only this many training sentences (a quick smoke run)")
     ap.add_argument("--cache_dir")
+    ap.add_argument("--parts", nargs="+", choices=("en", "zh"), default=["en", "zh"])
+    ap.add_argument("--zh_minutes", type=float, default=20)
+    ap.add_argument("--zhs_model", default="manylangs-zhs",
+                    help="ELMoForManyLangs' Simplified Chinese model: a path, or the registry "
+                         "name when it is in the cache (nothing is downloaded here)")
     args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    if "zh" in args.parts:
+        chinese(args)
+    if "en" not in args.parts:
+        return
 
     from elmo_jax import datasets, training
-    from elmo_jax.export import load_export
     from elmo_jax.elmo import Elmo
     from elmo_jax.tasks import pos, wsd
 
@@ -113,22 +128,8 @@ def main():
         ("sotu+brown", "mix"), ("sotu+brown", "top"), ("sotu", "random+mix"),
         ("sotu+brown", "random+mix")]
     for name, mode in runs:
-        export = models[name]["export"]
-        cmd = (f"python -m elmo_jax.tasks.pos --weights {export} --pos_dir "
-               f"{rec['brown']['pos_dir']} --mode {mode} --epochs {args.tagger_epochs}")
-        say(cmd)
-
-        def tag():
-            exported = load_export(export)
-            options, bilm = exported.options, exported.params
-            config = pos.TaggerConfig(mode=mode, epochs=args.tagger_epochs,
-                                      max_train_sentences=args.max_train_sentences)
-            return {**pos.train_and_evaluate(bilm, options, *splits, config, progress=True),
-                    "model": name, "command": cmd}
-
-        r = cached(os.path.join(w, f"pos-{name}-{mode}.json"), tag)
-        print(json.dumps(r))
-        tagging.append(r)
+        tagging += tagging_runs(rec["brown"]["pos_dir"], models[name]["export"], [(name, mode)],
+                                args, w, "", splits)
 
     baseline = pos.most_frequent_tag_accuracy(splits[0], splits[2])
     print("most frequent tag per word:", json.dumps(baseline))
@@ -154,6 +155,139 @@ def main():
         json.dump(out, fh, indent=2)
     write_tables(out, os.path.join(HERE, "RESULTS.md"))
     print("\nwrote RESULTS.md tables and", os.path.join(w, "results.json"))
+
+
+def tagging_runs(pos_dir, export, runs, args, w, prefix, splits):
+    """Tag with each (model name, mode) in `runs`; cached per run."""
+    from elmo_jax.stored import open_model
+    from elmo_jax.tasks import pos
+
+    out = []
+    for name, mode in runs:
+        cmd = (f"python -m elmo_jax.tasks.pos --weights {export} --pos_dir {pos_dir} "
+               f"--mode {mode} --epochs {args.tagger_epochs}")
+        say(cmd)
+
+        def tag(mode=mode, name=name, cmd=cmd):
+            model = open_model(export)
+            config = pos.TaggerConfig(mode=mode, epochs=args.tagger_epochs,
+                                      max_train_sentences=args.max_train_sentences)
+            return {**pos.train_and_evaluate(model.params, model.options, *splits, config,
+                                             progress=True, lexicon=model.lexicon),
+                    "model": name, "command": cmd}
+
+        r = cached(os.path.join(w, f"{prefix}pos-{name}-{mode}.json"), tag)
+        print(json.dumps(r))
+        out.append(r)
+    return out
+
+
+def chinese(args) -> dict:
+    """The Chinese rows: a tiny biLM on Chinese news + People's Daily, its
+    perplexity beside the add-one unigram model's, and People's Daily tagging."""
+    from elmo_jax import datasets, training
+    from elmo_jax.baselines import unigram_perplexity
+    from elmo_jax.data import list_shards
+    from elmo_jax.hub import DownloadError, resolve
+    from elmo_jax.tasks import pos
+    from elmo_jax.vocab import Vocabulary
+
+    w = args.workdir
+    rec = {n: datasets.prepare(n, args.cache_dir) for n in ("zh-news", "peoples-daily")}
+    train_dir = os.path.join(w, "zh-train")
+    os.makedirs(train_dir, exist_ok=True)
+    for name in rec:
+        for f in list_shards(rec[name]["train_files"]):
+            link = os.path.join(train_dir, f"{name}-{os.path.basename(f)}")
+            if not os.path.exists(link):
+                os.symlink(f, link)
+    train_glob = os.path.join(train_dir, "*.txt")
+    vocab_file = write_vocab(train_glob, os.path.join(w, "vocab-zh.txt"))
+    model = cached(os.path.join(w, "model-zh.json"), lambda: pretrain(
+        "pretrain on Chinese news + People's Daily", train_glob, vocab_file,
+        os.path.join(w, "zh"), args.zh_minutes))
+    test = rec["peoples-daily"]["test_file"]
+    say(f"perplexity of zh on People's Daily test: python train.py eval --workdir "
+        f"{os.path.join(w, 'zh')} --eval_files {test}")
+    model["pd_test"] = cached(os.path.join(w, "pd-test-zh.json"),
+                              lambda: training.evaluate_workdir(os.path.join(w, "zh"), test))
+    model["pd_test_unigram"] = unigram_perplexity(train_glob, Vocabulary.from_file(vocab_file),
+                                                  test)
+    print(json.dumps(model["pd_test"]), "unigram", json.dumps(model["pd_test_unigram"]))
+    pos_dir = rec["peoples-daily"]["pos_dir"]
+    splits = [pos.load_split(pos_dir, s) for s in ("train", "dev", "test")]
+    runs = [("zh", m) for m in ("mix", "layer0", "top", "random", "random+mix")]
+    tagging = tagging_runs(pos_dir, model["export"], runs, args, w, "zh-", splits)
+    os.environ.setdefault("ELMO_JAX_OFFLINE", "1")  # results never download
+    try:
+        zhs = resolve(args.zhs_model, progress=False)[0]
+    except (DownloadError, FileNotFoundError) as e:
+        zhs, zhs_note = None, (
+            f"ELMoForManyLangs' Simplified Chinese model was not run here: {e}. This machine "
+            "cannot download it (no internet); `python results.py --parts zh --zhs_model "
+            "PATH` runs it where the model is (its folder or archive).")
+        print(zhs_note)
+    if zhs is not None:
+        tagging += tagging_runs(pos_dir, zhs, [("manylangs-zhs", "mix")], args, w, "zh-",
+                                splits)
+        zhs_note = None
+    out = {"model": model, "tagging": tagging, "recipes": rec, "zhs_note": zhs_note,
+           "most_frequent_tag": pos.most_frequent_tag_accuracy(splits[0], splits[2], "n"),
+           "args": vars(args), "date": time.strftime("%Y-%m-%d")}
+    with open(os.path.join(w, "results-zh.json"), "w") as fh:
+        json.dump(out, fh, indent=2, ensure_ascii=False)
+    write_zh_tables(out, os.path.join(HERE, "RESULTS.md"))
+    return out
+
+
+def _replace_block(path: str, marker: str, table: str) -> None:
+    """Replace the text between `<!-- MARKER: begin/end -->` (appended when missing)."""
+    home = os.path.expanduser("~") + "/"  # shown as ~, outside quotes so that shells expand it
+    table = table.replace("'" + home, "~/'").replace(home, "~/")
+    begin, end = f"<!-- {marker}: begin -->", f"<!-- {marker}: end -->"
+    text = open(path).read() if os.path.exists(path) else "# Results\n"
+    if begin not in text:
+        text += f"\n{begin}\n{end}\n"
+    text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{table}\n{end}",
+                  text, flags=re.S)
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+TAGGER_INPUTS = {"mix": "ELMo scalar mix", "layer0": "layer 0 only", "top": "top layer only",
+                 "random": "random word embeddings (no ELMo)",
+                 "random+mix": "random word embeddings + ELMo scalar mix"}
+
+
+def write_zh_tables(out: dict, path: str) -> None:
+    m, b, a = out["model"], out["model"]["pd_test"], out["args"]
+    lines = [f"Run of {out['date']} (`python results.py --parts zh --zh_minutes "
+             f"{a['zh_minutes']:g} --tagger_epochs {a['tagger_epochs']}`).", "",
+             "**Chinese biLM** (the `tiny` config; words from jieba on the news, the gold "
+             "segmentation on People's Daily):", "",
+             "| model | how | steps | tokens seen | training time | People's Daily test "
+             "perplexity (fwd / bwd / avg) | add-one unigram |",
+             "| --- | --- | --- | --- | --- | --- | --- |",
+             f"| zh | `{m['command']}` | {m['steps']} | {m['tokens_seen']:,} | "
+             f"{m['train_seconds'] / 60:.0f} min | {b['eval_ppl_forward']:.0f} / "
+             f"{b['eval_ppl_backward']:.0f} / {b['eval_ppl']:.0f} | "
+             f"{m['pd_test_unigram']['ppl']:.0f} |", "",
+             "**POS tagging** (People's Daily 1998, PKU tags, linear tagger, test accuracy; "
+             "epoch chosen on dev):", "",
+             "| biLM | input to the tagger | dev | test | mix weights (layer 0, 1, 2) | command |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in out["tagging"]:
+        model = "—" if r["mode"] == "random" else r["model"]
+        weights = ", ".join(f"{x:.2f}" for x in r.get("mix_weights", [])) or ""
+        lines.append(f"| {model} | {TAGGER_INPUTS[r['mode']]} | {r['dev_accuracy']:.4f} | "
+                     f"{r['test_accuracy']:.4f} | {weights} | `{r['command']}` |")
+    f = out["most_frequent_tag"]
+    lines.append(f"| — | no model: each word's most frequent training tag (n if unseen; "
+                 f"{f['unseen_word_rate']:.1%} of test words are) | | {f['test_accuracy']:.4f} "
+                 "| | |")
+    if out.get("zhs_note"):
+        lines += ["", out["zhs_note"]]
+    _replace_block(path, "results-zh", "\n".join(lines))
 
 
 def write_tables(out: dict, path: str) -> None:
@@ -193,14 +327,7 @@ def write_tables(out: dict, path: str) -> None:
         acc = " | ".join(f"{a:.4f}" for a in r["accuracy_by_layer"])
         lines.append(f"| {r['model']} | {r['lemmas']} | {r['scored_examples']} | "
                      f"{r['first_sense_accuracy']:.4f} | {acc} | `{r['command']}` |")
-    home = os.path.expanduser("~") + "/"  # shown as ~, outside quotes so that shells expand it
-    table = "\n".join(lines).replace("'" + home, "~/'").replace(home, "~/")
-    begin, end = "<!-- results: begin -->", "<!-- results: end -->"
-    text = open(path).read() if os.path.exists(path) else f"# Results\n\n{begin}\n{end}\n"
-    text = re.sub(re.escape(begin) + ".*?" + re.escape(end), f"{begin}\n{table}\n{end}", text,
-                  flags=re.S)
-    with open(path, "w") as fh:
-        fh.write(text)
+    _replace_block(path, "results", "\n".join(lines))
 
 
 if __name__ == "__main__":

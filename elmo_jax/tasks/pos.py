@@ -101,11 +101,13 @@ class Tagger(nn.Module):
         return nn.Dense(self.n_tags)(x)
 
 
-def make_batches(data, tag_index, word_index, batch_size, max_chars=50, widest_filter=0):
+def make_batches(data, tag_index, word_index, batch_size, max_chars=50, widest_filter=0,
+                 lexicon=None):
     """Length-sorted batches of numpy arrays; lengths padded to powers of two
     and every batch to `batch_size` rows, so that few shapes are compiled.
     `widest_filter` (the biLM's, when > 0) cuts each batch's spellings to what
-    the character CNN needs (`chars.trim_padding`: the same features)."""
+    the character CNN needs (`chars.trim_padding`: the same features). A
+    `lexicon` (an ELMoForManyLangs model's) spells the tokens instead."""
     order = sorted(range(len(data)), key=lambda i: len(data[i][0]))
     batches = []
     for start in range(0, len(order), batch_size):
@@ -117,8 +119,11 @@ def make_batches(data, tag_index, word_index, batch_size, max_chars=50, widest_f
         for b, (tokens, tg) in enumerate(rows):
             tags[b, :len(tg)] = [tag_index[t] for t in tg]
             words[b, :len(tokens)] = [word_index.get(w, 1) for w in tokens]
-        char_ids = batch_to_char_ids(sents, max_chars, min_length=T)
-        if widest_filter:
+        if lexicon is not None:
+            char_ids = lexicon.batch_ids(sents, max_chars, min_length=T)
+        else:
+            char_ids = batch_to_char_ids(sents, max_chars, min_length=T)
+        if widest_filter and lexicon is None:
             char_ids = trim_padding(char_ids, widest_filter)
         batches.append({"char_ids": char_ids,
                         "tags": tags, "word_ids": words,
@@ -203,7 +208,7 @@ def _accuracy(predict, params, batches) -> float:
 
 def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
                        config: TaggerConfig, progress: bool = False,
-                       return_params: bool = False):
+                       return_params: bool = False, lexicon=None):
     """Train a tagger on `train`, pick the epoch by dev accuracy, report test
     accuracy (and, with `return_params`, the chosen parameters)."""
     if config.mode not in MODES:
@@ -216,7 +221,7 @@ def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
     word_index = {w: i + 2 for i, w in enumerate(words)}  # 0 padding, 1 unknown
     C = options.char_cnn.max_characters_per_token
     batches = {name: make_batches(d, tag_index, word_index, config.batch_size, C,
-                                 options.char_cnn.widest_filter)
+                                 options.char_cnn.widest_filter, lexicon)
                for name, d in (("train", train), ("dev", dev), ("test", test))}
     tagger = Tagger(len(tags), config.hidden, config.dropout)
     key = jax.random.PRNGKey(config.seed)
@@ -265,9 +270,10 @@ def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--weights", required=True, help="a directory with options.json and "
-                                                     "weights.hdf5 (train.py export)")
-    ap.add_argument("--pos_dir", required=True, help="the brown recipe's pos/ directory")
+    ap.add_argument("--weights", required=True, help="a stored model: an export folder "
+                    "(train.py export), a workdir, an ELMoForManyLangs folder, a registry name")
+    ap.add_argument("--pos_dir", required=True, help="the brown (or peoples-daily) recipe's "
+                                                     "pos/ directory")
     ap.add_argument("--mode", choices=MODES, default="mix")
     ap.add_argument("--hidden", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=3)
@@ -286,7 +292,8 @@ def main(argv=None):
                           seed=args.seed)
     splits = [load_split(args.pos_dir, s) for s in ("train", "dev", "test")]
     result = {"weights": args.weights, **train_and_evaluate(bilm, options, *splits, config,
-                                                            progress=True)}
+                                                            progress=True,
+                                                            lexicon=model.lexicon)}
     print_result(result, args.out)
 
 
