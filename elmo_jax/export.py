@@ -16,6 +16,7 @@ file with its options.json beside it (the published ELMo files are named
 from __future__ import annotations
 
 import os
+import warnings
 from typing import NamedTuple
 
 from elmo_jax.lexicon import LEXICON_FILE, Lexicon, LexiconError
@@ -89,7 +90,10 @@ def load_export(path: str | os.PathLike, options: str | os.PathLike | None = Non
     vocab = Vocabulary.from_file(vocab_path) if os.path.exists(vocab_path) else None
     softmax = None
     if vocab is not None and os.path.exists(softmax_path):
-        softmax = load_softmax(softmax_path, opts, len(vocab))
+        try:
+            softmax = load_softmax(softmax_path, opts, len(vocab))
+        except WeightsError as e:  # an optional file: the biLM still embeds
+            warnings.warn(f"the softmax is left out: {e}", stacklevel=2)
     lexicon = None
     if opts.char_cnn.spelling == "lexicon":
         if not os.path.exists(os.path.join(folder, LEXICON_FILE)):

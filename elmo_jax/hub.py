@@ -88,13 +88,15 @@ def is_archive(path: str) -> bool:
 
 
 def resolve(model: str | os.PathLike, options: str | os.PathLike | None = None,
-            progress: bool = True) -> tuple[str, str | None]:
+            progress: bool = True, softmax: bool = False) -> tuple[str, str | None]:
     """(a local path open_model reads, its options file or None) for a
-    registry name, a URL (with `options=` its options URL) or a local path."""
+    registry name, a URL (with `options=` its options URL) or a local path.
+    A registry model's vocabulary and softmax (the original's: 1.6 GB) are
+    fetched only with `softmax` (scoring)."""
     if not is_url(model) and isinstance(model, str) and model in REGISTRY:
         if options is not None:
             raise ValueError(f"{model!r} is a registry name: it brings its own options")
-        return fetch_published(REGISTRY[model], progress), None
+        return fetch_published(REGISTRY[model], progress, softmax), None
     if is_url(model):
         return _fetch_url_model(str(model), options, progress)
     path = os.fspath(model)
@@ -115,8 +117,9 @@ def resolve(model: str | os.PathLike, options: str | os.PathLike | None = None,
     return path, None if options is None else os.fspath(options)
 
 
-def fetch_published(model: Published, progress: bool = True) -> str:
-    """The local folder of a registry model, downloading what is missing."""
+def fetch_published(model: Published, progress: bool = True, softmax: bool = False) -> str:
+    """The local folder of a registry model, downloading what is missing (the
+    vocabulary and softmax only with `softmax`)."""
     folder = os.path.join(cache_dir(), "models", model.name)
     if model.kind == "manylangs":
         url = model.url("archive")
@@ -126,6 +129,8 @@ def fetch_published(model: Published, progress: bool = True) -> str:
     names = {"options": "options.json", "weights": "weights.hdf5", "vocab": "vocab.txt",
              "softmax": "softmax.hdf5"}
     for role, url in model.files:
+        if role in ("vocab", "softmax") and not softmax:
+            continue
         fetch(mirrored(url), os.path.join(folder, names[role]),
               model if role == "weights" else None, progress=progress, shown=url)
     return folder

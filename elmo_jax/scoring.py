@@ -103,7 +103,7 @@ def load_language_model(path: str) -> tuple[ElmoOptions, dict, dict, Vocabulary]
     from elmo_jax.export import SOFTMAX_FILE
     from elmo_jax.stored import open_model
 
-    model = open_model(path)
+    model = open_model(path, softmax=True)
     if model.lexicon is not None:
         raise ValueError(f"{path} spells tokens with a lexicon (ELMoForManyLangs); scoring "
                          "reads models that spell UTF-8 bytes")

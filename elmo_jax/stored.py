@@ -83,11 +83,14 @@ def model_options(path: str | os.PathLike, options: str | os.PathLike | None = N
 
 
 def open_model(path: str | os.PathLike, options: str | os.PathLike | None = None,
-               step: int | None = None, progress: bool = True) -> StoredModel:
+               step: int | None = None, progress: bool = True,
+               softmax: bool = False) -> StoredModel:
     """The model stored at `path`, or named by it (see the module's docstring
     for the forms); `options` names the options.json of a weights file (a path
-    or a URL), `step` a workdir's checkpoint (default: the newest)."""
-    path, options = resolve(path, options, progress)
+    or a URL), `step` a workdir's checkpoint (default: the newest);
+    `softmax` also fetches a registry model's vocabulary and softmax where it
+    has them."""
+    path, options = resolve(path, options, progress, softmax)
     if is_manylangs(path):
         if options is not None:
             raise ConfigError(f"{path} is an ELMoForManyLangs model: it brings its own config")
