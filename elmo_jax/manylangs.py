@@ -113,16 +113,25 @@ def options_for(config: dict, lexicon: Lexicon, where: str) -> ElmoOptions:
         dropout=float(config.get("dropout", 0.1)))
 
 
-def read_manylangs(folder: str | os.PathLike) -> ManyLangsModel:
-    """The model in an ELMoForManyLangs folder, as elmo-jax options, parameters
-    and lexicon."""
-    folder = os.fspath(folder)
+def _lexicon(folder: str):
     config = architecture(folder)
     te = config.get("token_embedder", {})
     chars = read_dic(os.path.join(folder, "char.dic"))
     words = read_dic(os.path.join(folder, "word.dic")) if te.get("word_dim") else None
     lexicon, char_rows, word_rows = from_manylangs(chars, words, folder)
-    options = options_for(config, lexicon, folder)
+    return options_for(config, lexicon, folder), lexicon, char_rows, word_rows
+
+
+def manylangs_options(folder: str | os.PathLike) -> ElmoOptions:
+    """The options of the model in an ELMoForManyLangs folder (no weights read)."""
+    return _lexicon(os.fspath(folder))[0]
+
+
+def read_manylangs(folder: str | os.PathLike) -> ManyLangsModel:
+    """The model in an ELMoForManyLangs folder, as elmo-jax options, parameters
+    and lexicon."""
+    folder = os.fspath(folder)
+    options, lexicon, char_rows, word_rows = _lexicon(folder)
     te_sd = load_state_dict(os.path.join(folder, "token_embedder.pkl"))
     enc_sd = load_state_dict(os.path.join(folder, "encoder.pkl"))
     try:

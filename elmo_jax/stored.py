@@ -31,7 +31,7 @@ from elmo_jax.config import Config, ConfigError, config_from_dict
 from elmo_jax.export import VOCAB_FILE, export_files, load_export
 from elmo_jax.hub import resolve
 from elmo_jax.lexicon import Lexicon
-from elmo_jax.manylangs import is_manylangs, read_manylangs
+from elmo_jax.manylangs import is_manylangs, manylangs_options, read_manylangs
 from elmo_jax.options import ElmoOptions
 from elmo_jax.softmax import unpad_softmax
 from elmo_jax.vocab import Vocabulary
@@ -76,7 +76,7 @@ def model_options(path: str | os.PathLike, options: str | os.PathLike | None = N
     `open_model` takes it), without reading its weights."""
     path, options = resolve(path, options)
     if is_manylangs(path):
-        return read_manylangs(path).options
+        return manylangs_options(path)
     if is_workdir(path):
         return read_run(path)[0].model
     return ElmoOptions.from_json(export_files(path, options)[0])
