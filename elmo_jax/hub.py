@@ -6,6 +6,8 @@
     resolve("/path/to/model.zip")             a local archive (extracted once)
     resolve("/path/to/folder")                anything else local: returned as is
 
+A path that exists wins over a registry name of the same spelling.
+
 Everything goes under the cache, `$ELMO_JAX_CACHE`, else
 `${XDG_CACHE_HOME:-~/.cache}/elmo-jax`:
 
@@ -93,7 +95,7 @@ def resolve(model: str | os.PathLike, options: str | os.PathLike | None = None,
     registry name, a URL (with `options=` its options URL) or a local path.
     A registry model's vocabulary and softmax (the original's: 1.6 GB) are
     fetched only with `softmax` (scoring)."""
-    if not is_url(model) and isinstance(model, str) and model in REGISTRY:
+    if isinstance(model, str) and model in REGISTRY and not os.path.exists(model):
         if options is not None:
             raise ValueError(f"{model!r} is a registry name: it brings its own options")
         return fetch_published(REGISTRY[model], progress, softmax), None

@@ -107,6 +107,26 @@ def test_by_name_then_from_the_cache_then_offline(server, monkeypatch):
     assert len(server.requests) == 2
 
 
+def test_the_vocabulary_and_softmax_come_only_for_scoring(server, monkeypatch):
+    """The original model's softmax is 1.6 GB: embedding never fetches it."""
+    extra = (("vocab", SMALL.url("options").replace("options.json", "vocab.txt")),
+             ("softmax", SMALL.url("options").replace("options.json", "softmax.hdf5")))
+    monkeypatch.setitem(registry.REGISTRY, "small", registry.Published(
+        **{**SMALL.__dict__, "files": SMALL.files + extra}))
+    words = ["<S>", "</S>", "<UNK>", "the", "bank"]
+    (server.models / "vocab.txt").write_text("\n".join(words) + "\n")
+    from elmo_jax.weights import save_softmax
+
+    save_softmax(server.models / "softmax.hdf5", {"w": np.ones((5, 8), np.float32),
+                                                  "b": np.zeros(5, np.float32)})
+    for role, url in extra:
+        server.add(url, server.models / ("vocab.txt" if role == "vocab" else "softmax.hdf5"))
+    assert open_model("small").softmax is None and len(server.requests) == 2
+    model = open_model("small", softmax=True)
+    assert model.vocab.words == words and model.softmax["w"].shape == (5, 8)
+    assert len(server.requests) == 4
+
+
 def test_by_url_weights_with_options_and_an_archive(server):
     want = local_vectors(server.models)
     weights = server.url + server.path(SMALL.url("weights"))
