@@ -86,7 +86,7 @@ def test_train_py_shorthands_are_config_fields():
     from elmo_jax.cli import train as cli
 
     for flag, (path, _) in cli.SHORTHANDS.items():
-        value = {"source": "lm1b", "profile_steps": "3:5"}.get(
+        value = {"source": "lm1b", "profile_steps": "3:5", "tokenize": "zh"}.get(
             flag, 7 if flag in cli.TYPES else "x")
         config = load_config(os.path.join(REPO, "configs", "tiny.json"),
                              [f"{path}={json.dumps(value)}"])

@@ -154,7 +154,7 @@ def test_a_truncated_download_leaves_nothing_and_the_next_call_succeeds(server):
     assert open_model("small").kind == "export"
 
 
-def test_a_404_and_a_wrong_digest_are_clear_errors(server, monkeypatch):
+def test_a_404_a_wrong_digest_and_no_server_are_clear_errors(server, monkeypatch):
     with pytest.raises(hub.DownloadError, match=r"vectors.nlpl.eu/repository/11/136.zip.*404"):
         open_model("manylangs-ar")  # the mirror lacks it: the message names the real URL
     bad = registry.Published(**{**SMALL.__dict__, "sha256": "0" * 64})
@@ -164,6 +164,9 @@ def test_a_404_and_a_wrong_digest_are_clear_errors(server, monkeypatch):
     assert not os.path.exists(os.path.join(hub.cache_dir(), "models", "small", "weights.hdf5"))
     with pytest.raises(FileNotFoundError, match="elmo-jax models"):
         open_model("smal")
+    monkeypatch.setenv("ELMO_JAX_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(hub.DownloadError, match=r"_options\.json: cannot reach.*ELMO_JAX_OFFLINE"):
+        open_model("medium")
 
 
 def test_two_processes_download_once(server):
