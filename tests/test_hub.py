@@ -14,12 +14,12 @@ import zipfile
 import numpy as np
 import pytest
 
-from conftest import REPO, random_tf_datasets, tiny_options_dict, write_datasets
+from conftest import HERE, REPO, random_tf_datasets, tiny_options_dict, write_datasets
 from elmo_jax import Elmo, open_model
 from elmo_jax import hub, registry
 from elmo_jax.options import ElmoOptions
 
-TINY_MANYLANGS = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "manylangs", "tiny")
+TINY_MANYLANGS = os.path.join(HERE, "fixtures", "manylangs", "tiny")
 SMALL = registry.REGISTRY["small"]
 SENTENCES = [["The", "bank", "closed", "."], ["Hello", "world"]]
 

@@ -1,6 +1,6 @@
 """ELMoForManyLangs' model folders read without torch, against the vectors that
 package computed for them (`Embedder(dir).sents2elmo(s, output_layer=-2)` from
-a zero state): ../shared/fixtures/manylangs/tiny (a word table, legacy pickles)
+a zero state): tests/fixtures/manylangs/tiny (a word table, legacy pickles)
 and tests/fixtures/manylangs-nowords (no word table, tokens cut to 18
 characters); the same model with torch's zip-format pickles; export and back."""
 import json
@@ -21,7 +21,7 @@ from elmo_jax.manylangs import architecture, is_manylangs
 from elmo_jax.stored import is_workdir
 from elmo_jax.torch_pickle import TorchPickleError, load_state_dict
 
-TINY = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "manylangs", "tiny")
+TINY = os.path.join(HERE, "fixtures", "manylangs", "tiny")  # a copy of ../shared/fixtures/manylangs
 NOWORDS = os.path.join(HERE, "fixtures", "manylangs-nowords")
 ZIP_PICKLES = os.path.join(HERE, "fixtures", "manylangs-zip")
 TOL = 2e-5
