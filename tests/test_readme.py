@@ -1,6 +1,7 @@
 """The README's commands exist and run: ```bash and ```python blocks are run in
 order in a sandbox; ```sh blocks (several hosts, accelerators) have their
 scripts and flags checked against --help; make targets exist."""
+import functools
 import os
 import re
 import shlex
@@ -22,7 +23,16 @@ def commands(text):
             if c.strip() and not c.strip().startswith("#")]
 
 
+@functools.lru_cache(maxsize=None)  # one --help per command, however often the README uses it
+def _help(argv: tuple) -> str:
+    return _run_help(list(argv))
+
+
 def help_text(argv):
+    return _help(tuple(argv))
+
+
+def _run_help(argv):
     """--help of `python SCRIPT [subcommand]` or `python -m MODULE`."""
     r = subprocess.run([sys.executable, *argv, "--help"], cwd=REPO, capture_output=True,
                        text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
