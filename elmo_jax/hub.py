@@ -47,6 +47,7 @@ import urllib.parse
 import urllib.request
 import zipfile
 
+from elmo_jax.files import write_json
 from elmo_jax.registry import REGISTRY, Published
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
@@ -184,22 +185,17 @@ def fetch(url: str, dest: str, model: Published | None = None, progress: bool = 
                             f"is not in the cache ({dest}): run once with a network, or "
                             "copy the file there")
     os.makedirs(os.path.dirname(dest), exist_ok=True)
-    with _locked(dest + ".lock"):
+    with file_lock(dest + ".lock"):
         if _cached(dest, model):  # another process fetched it while we waited
             return dest
         digest = _download(url, dest, model, progress, shown)
-        _write_record(dest, {"url": shown, "sha256": digest, "size": os.path.getsize(dest)})
+        write_json(_record_path(dest), {"url": shown, "sha256": digest,
+                                        "size": os.path.getsize(dest)})
     return dest
 
 
 def _record_path(dest: str) -> str:
     return dest + ".sha256"
-
-
-def _write_record(dest: str, record: dict) -> None:
-    with open(_record_path(dest) + ".tmp", "w", encoding="utf-8") as fh:
-        json.dump(record, fh)
-    os.replace(_record_path(dest) + ".tmp", _record_path(dest))
 
 
 def _cached(dest: str, model: Published | None) -> bool:
@@ -221,7 +217,8 @@ def _cached(dest: str, model: Published | None) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: str):
+def file_lock(path: str):
+    """An exclusive lock on `path` (created if missing) for the block."""
     with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -325,10 +322,8 @@ def _extracted(archive: str, target: str) -> str:
     done = os.path.join(target, ".complete")
     if not os.path.exists(done):
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with _locked(target + ".lock"):
+        with file_lock(target + ".lock"):
             if not os.path.exists(done):
-                if offline() and not os.path.exists(archive):
-                    raise DownloadError(f"offline, and {archive} is not in the cache")
                 tmp = tempfile.mkdtemp(prefix=".extract.", dir=os.path.dirname(target))
                 try:
                     extract_archive(archive, tmp)

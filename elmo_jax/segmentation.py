@@ -63,7 +63,7 @@ def segmented_files(pattern: str, lang: str) -> str:
 
     from elmo_jax.data.sources import list_shards
     from elmo_jax.files import atomic_path, split_lines
-    from elmo_jax.hub import _locked, cache_dir
+    from elmo_jax.hub import cache_dir, file_lock
 
     if lang not in LANGS:
         raise ValueError(f"tokenize must be one of {LANGS}, got {lang!r}")
@@ -76,7 +76,7 @@ def segmented_files(pattern: str, lang: str) -> str:
     done = os.path.join(out, "DONE")
     if not os.path.exists(done):
         os.makedirs(out, exist_ok=True)
-        with _locked(os.path.join(out, ".lock")):
+        with file_lock(os.path.join(out, ".lock")):
             if not os.path.exists(done):
                 for i, p in enumerate(paths):
                     with open(p, encoding="utf-8", errors="strict") as fh:
