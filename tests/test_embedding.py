@@ -12,7 +12,7 @@ import pytest
 
 import elmo_jax
 from elmo_jax import chars
-from conftest import REPO, random_tf_datasets, tiny_options_dict, write_datasets
+from conftest import REPO, devices_env, random_tf_datasets, tiny_options_dict, write_datasets
 from test_fixtures import _batches, _expected
 from test_model import SENTENCES, ref_elmo
 
@@ -197,8 +197,7 @@ SHARDED = textwrap.dedent("""
 
 
 def test_sharded_jit_over_four_cpu_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu")
+    env = devices_env(4)
     r = subprocess.run([sys.executable, "-c", SHARDED.format(tests=os.path.join(REPO, "tests"))],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from conftest import FIXTURES, REPO, write_grammar_corpus
+from conftest import FIXTURES, REPO, devices_env, write_grammar_corpus
 from elmo_jax import training
 from elmo_jax.checkpoints import CheckpointError
 from elmo_jax.config import ConfigError, DataConfig, load_config
@@ -70,7 +70,8 @@ def unigram_ppl(train_file, eval_file, vocab_file):
 
 
 def test_tiny_learns_the_bilm_tf_fixture_corpus(tmp_path):
-    """bilm-tf's own training test: its fixture corpus, perplexity measured on it."""
+    """bilm-tf's own training test: its fixture corpus, perplexity measured on
+    it. (Held-out text is test_learning's, on Brown.)"""
     data = os.path.join(FIXTURES, "train", "data.txt")
     vocab = os.path.join(FIXTURES, "train", "vocab.txt")
     config = tiny(max_steps=100, log_every=50)
@@ -78,18 +79,7 @@ def test_tiny_learns_the_bilm_tf_fixture_corpus(tmp_path):
     unigram = unigram_ppl(data, data, vocab)
     assert last["eval_ppl"] < 0.25 * unigram, (last, unigram)
     assert last["eval_ppl"] < 20  # bilm-tf's test asserts the same bound
-
-
-def test_tiny_beats_unigram_on_held_out_text(tmp_path):
-    files = write_grammar_corpus(tmp_path / "data")
-    config = tiny(max_steps=100, log_every=50)
-    last = run(config, files["train.txt"], files["vocab.txt"], tmp_path / "run",
-               eval_files=files["heldout.txt"])
-    unigram = unigram_ppl(files["train.txt"], files["heldout.txt"], files["vocab.txt"])
-    assert last["eval_ppl"] < 0.4 * unigram, (last, unigram)
     assert last["eval_ppl_forward"] > 1 and last["eval_ppl_backward"] > 1
-    first = metrics(tmp_path / "run")[0]["train_loss"]
-    assert last["eval_ppl"] < math.exp(first)
 
 
 DEVICE_RUN = textwrap.dedent("""
@@ -105,8 +95,7 @@ DEVICE_RUN = textwrap.dedent("""
 
 
 def _device_run(files, workdir, n_devices, mesh_model=1, softmax="sampled", workers=0):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}")
+    env = devices_env(n_devices)
     code = DEVICE_RUN.format(tests=os.path.join(REPO, "tests"), train=files["train.txt"],
                              vocab=files["vocab.txt"], workdir=str(workdir), mesh_model=mesh_model,
                              softmax=softmax, workers=workers)
@@ -157,7 +146,7 @@ def test_settings_that_fail_late_are_refused_before_step_one(tmp_path):
     not at the first evaluation after training (where a restarted pod would die
     again and again); so is a held-out glob that matches nothing."""
     files = write_grammar_corpus(tmp_path / "data")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = devices_env(8)
     for extra, message in [
             (("--eval_files", files["heldout.txt"], "--set", "train.eval_batch_size=6"),
              "train.eval_batch_size 6 must divide over the 8 devices"),
@@ -174,7 +163,7 @@ def test_a_per_device_batch_is_bilm_tf_s_batch_times_the_devices(tmp_path):
     each train a global batch of 16 (the workdir's config says so); with
     --batch_size as well, a usage error."""
     files = write_grammar_corpus(tmp_path / "data")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = devices_env(8)
     cmd = _train_cmd(files, tmp_path / "run", 1, 1)
     cmd[cmd.index("--batch_size"):cmd.index("--batch_size") + 2] = ["--per_device_batch", "2"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
