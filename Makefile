@@ -20,15 +20,17 @@ $(STAMP): requirements.txt requirements-accelerators.txt pyproject.toml
 		--target $(VENV)/accelerators -r requirements-accelerators.txt
 	touch $(STAMP)
 
-# two pytest workers (pytest-xdist), a test file each at a time: most tests
-# compile or start processes on one core, and the machines here have two
+# two pytest workers (pytest-xdist): most tests compile or start processes on
+# one core, and the machines here have two. Each worker starts on half of the
+# tests, in file order, and takes tests from the other's tail when it runs out
+# (worksteal: a long file no longer leaves one core idle at the end)
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist worksteal tests
 
 # the quick tier for the edit-test loop (under 2.5 minutes on 2 cores): the unit
 # tests, without the end-to-end runs and the few slow statistical ones
 check: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not e2e and not slow" tests
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not e2e and not slow" tests
 
 demo: $(STAMP)
 	$(PY) demo.py
