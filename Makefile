@@ -28,7 +28,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist worksteal tests
 
 # the quick tier for the edit-test loop (under 2.5 minutes on 2 cores): the unit
-# tests, without the end-to-end runs and the few slow statistical ones
+# tests, without the end-to-end runs and the unit tests marked slow (10+ s each)
 check: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not e2e and not slow" tests
 

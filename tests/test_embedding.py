@@ -27,6 +27,7 @@ def model(tmp_path_factory):
     return opts, options, ds, elmo_jax.load_weights(path, options)
 
 
+@pytest.mark.slow
 def test_jit_equals_eager(model):
     _, options, _, params = model
     ids = elmo_jax.batch_to_char_ids(SENTENCES)
@@ -196,6 +197,7 @@ SHARDED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sharded_jit_over_four_cpu_devices():
     env = devices_env(4)
     r = subprocess.run([sys.executable, "-c", SHARDED.format(tests=os.path.join(REPO, "tests"))],

@@ -48,6 +48,7 @@ def test_vectors_equal_elmoformanylangs(folder):
     assert_matches(elmo.embed_sentences(sentences), want)
 
 
+@pytest.mark.slow
 def test_the_pure_embed_jitted_and_eager():
     sentences, want = expected(TINY)
     model = open_model(TINY)

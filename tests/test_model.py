@@ -91,6 +91,7 @@ def ref_elmo(ds, opts, sentence, keep_boundaries=False):
     return (layers if keep_boundaries else layers[:, 1:-1]), (ffin, bfin)
 
 
+@pytest.mark.slow
 def test_trimmed_spellings_give_the_same_token_vectors_and_gradients(tmp_path):
     """`chars.trim_padding` (what `Elmo` and the training batches feed the
     character CNN): the token vectors still match the float64 reference over all

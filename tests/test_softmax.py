@@ -131,6 +131,7 @@ def test_expected_counts_stay_accurate_for_large_ids():
     np.testing.assert_allclose(p, want, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_chunked_full_softmax_equals_the_unchunked_loss_and_gradient():
     from elmo_jax.softmax import chunked_softmax_loss
 

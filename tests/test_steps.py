@@ -33,6 +33,7 @@ def _setup(sample_softmax):
     return options, config, state, batch, len(vocab)
 
 
+@pytest.mark.slow
 def test_full_softmax_training_loss_equals_the_eval_loss():
     options, config, state, batch, V = _setup(sample_softmax=False)
     assert options.n_negative_samples_batch < V  # the option, not the size, picks the full one
