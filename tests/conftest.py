@@ -12,7 +12,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # changes (XLA's own passes are the same); tolerances are unchanged.
 # Set before JAX starts; subprocesses inherit it.
 XLA_TEST_FLAGS = "--xla_backend_optimization_level=1"
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAGS}".strip()
+if XLA_TEST_FLAGS not in os.environ.get("XLA_FLAGS", ""):  # pytest-xdist's workers inherit it
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_TEST_FLAGS}".strip()
 # The end-to-end tests start many processes that compile the same programs:
 # one compilation cache for the whole session (subprocesses, and pytest-xdist's
 # workers, inherit it; the process that made it removes it).
@@ -28,14 +29,14 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def devices_env(n_devices: int, **extra) -> dict:
-    """The environment of a subprocess on `n_devices` simulated CPU devices."""
-    return dict(os.environ, JAX_PLATFORMS="cpu", **extra, XLA_FLAGS=(
-        f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={n_devices}"))
 FIXTURES = os.path.join(HERE, "fixtures", "bilm-tf")
 REPO = os.path.dirname(HERE)
+
+
+def devices_env(n_devices: int) -> dict:
+    """The environment of a subprocess on `n_devices` simulated CPU devices."""
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
+        f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={n_devices}"))
 
 
 def tiny_options_dict(skip=True, cell_clip=1.0, proj_clip=0.5, n_highway=2, activation="relu"):

@@ -23,16 +23,12 @@ def commands(text):
             if c.strip() and not c.strip().startswith("#")]
 
 
-@functools.lru_cache(maxsize=None)  # one --help per command, however often the README uses it
-def _help(argv: tuple) -> str:
-    return _run_help(list(argv))
-
-
 def help_text(argv):
     return _help(tuple(argv))
 
 
-def _run_help(argv):
+@functools.lru_cache(maxsize=None)  # one --help per command, however often the README uses it
+def _help(argv: tuple) -> str:
     """--help of `python SCRIPT [subcommand]` or `python -m MODULE`."""
     r = subprocess.run([sys.executable, *argv, "--help"], cwd=REPO, capture_output=True,
                        text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
