@@ -16,6 +16,10 @@ or as a Flax module (linen; `NnxElmoEmbedder` for NNX):
 Any stored model (a training workdir, an export folder, a weights file):
 
     model = elmo_jax.open_model("runs/x")   # options, params, vocab, softmax
+
+A corpus embedded once (`elmo-jax embed --input 'corpus/*.txt' --output DIR`):
+
+    store = elmo_jax.open_embeddings("DIR")   # store[i]: line i's [3, n_i, 1024]
 """
 import importlib
 
@@ -31,6 +35,7 @@ _API = {
     "load_export": "export", "save_export": "export", "ElmoEmbedder": "modules",
     "NnxElmoEmbedder": "modules", "score_sentences": "scoring", "open_model": "stored",
     "tokenize": "segmentation", "Lexicon": "lexicon", "list_models": "registry",
+    "open_embeddings": "store", "embed_corpus": "corpus", "CorpusSettings": "corpus",
 }
 __all__ = list(_API)
 __version__ = "0.1.0"

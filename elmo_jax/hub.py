@@ -65,6 +65,17 @@ def cache_dir() -> str:
     return os.path.abspath(os.path.expanduser(root))
 
 
+def use_compilation_cache() -> None:
+    """JAX's persistent compilation cache in `cache_dir()/xla`, unless the user
+    chose one: a restarted run (training, a corpus job) reaches its first step
+    without compiling again, and training and embedding share it."""
+    import jax
+
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+        return
+    jax.config.update("jax_compilation_cache_dir", os.path.join(cache_dir(), "xla"))
+
+
 def offline() -> bool:
     return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
                for v in ("ELMO_JAX_OFFLINE", "HF_HUB_OFFLINE"))

@@ -78,10 +78,10 @@ def test_stateful_carries_state_from_line_to_line(tmp_path, fixture_model):
 
 
 def test_cache_vocab_equals_plain_path(tmp_path):
-    plain, _ = run_embed(tmp_path, "--options", OPTIONS, "--weights", WEIGHTS)
+    plain, _ = run_embed(tmp_path, "--options", OPTIONS, "--weights", WEIGHTS, "--stateful")
     os.rename(plain, tmp_path / "plain.hdf5")
     cached, _ = run_embed(tmp_path, "--options", OPTIONS, "--weights", WEIGHTS, "--cache_vocab",
-                          os.path.join(FIXTURES, "vocab_test.txt"))
+                          os.path.join(FIXTURES, "vocab_test.txt"), "--stateful")
     with h5py.File(tmp_path / "plain.hdf5") as a, h5py.File(cached) as b:
         for k in a:
             np.testing.assert_allclose(a[k][...], b[k][...], atol=1e-5)

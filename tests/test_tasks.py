@@ -84,3 +84,27 @@ def test_most_frequent_tag_baseline():
     test = [(["run", "the", "walk"], ["VERB", "DET", "VERB"])]
     r = pos.most_frequent_tag_accuracy(train, test)
     assert r == {"test_accuracy": round(2 / 3, 4), "unseen_word_rate": round(1 / 3, 4)}
+
+
+def test_the_tagger_trains_from_a_store_as_on_the_fly(fixture_model, tmp_path, monkeypatch):
+    """Stored layers (embedded once by the corpus job) train the same tagger
+    to the same accuracy as the biLM run in every step, and no epoch runs
+    the biLM."""
+    options, bilm = fixture_model
+    splits = {"train": tagged(120, 0), "dev": tagged(30, 1), "test": tagged(40, 2)}
+    config = pos.TaggerConfig(mode="mix", epochs=6, batch_size=16, learning_rate=0.1,
+                              dropout=0.0)
+    on_the_fly = pos.train_and_evaluate(bilm, options, *splits.values(), config)
+    features = pos.features_for(splits, str(tmp_path / "features"), bilm, options)
+    assert [len(features[k]) for k in splits] == [120, 30, 40]
+
+    def no_bilm(*a, **k):
+        raise AssertionError("the biLM ran")
+
+    monkeypatch.setattr(pos, "embed", no_bilm)
+    monkeypatch.setattr(pos.ElmoEmbedder, "__call__", no_bilm)
+    stored = pos.train_and_evaluate(bilm, options, *splits.values(), config, features=features)
+    assert stored["test_accuracy"] > 0.8
+    assert abs(stored["test_accuracy"] - on_the_fly["test_accuracy"]) <= 0.01, (stored,
+                                                                                 on_the_fly)
+    assert stored["mix_weights"] == pytest.approx(on_the_fly["mix_weights"], abs=0.01)

@@ -21,6 +21,7 @@ def run_cli(main) -> None:
     from elmo_jax.hub import DownloadError
     from elmo_jax.lexicon import LexiconError
     from elmo_jax.segmentation import SegmentationError
+    from elmo_jax.store import StoreError
     from elmo_jax.torch_pickle import TorchPickleError
     from elmo_jax.options import OptionsError
     from elmo_jax.training import TrainingError
@@ -32,7 +33,7 @@ def run_cli(main) -> None:
         sys.exit(main())
     except (ConfigError, DataError, OptionsError, RecipeError, VocabError, WeightsError,
             TrainingError, TargetError, CheckpointError, FileNotFoundError, UnicodeError,
-            DownloadError, LexiconError, SegmentationError, TorchPickleError) as e:
+            DownloadError, LexiconError, SegmentationError, TorchPickleError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

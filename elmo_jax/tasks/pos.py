@@ -102,12 +102,15 @@ class Tagger(nn.Module):
 
 
 def make_batches(data, tag_index, word_index, batch_size, max_chars=50, widest_filter=0,
-                 lexicon=None):
+                 lexicon=None, layers=None):
     """Length-sorted batches of numpy arrays; lengths padded to powers of two
     and every batch to `batch_size` rows, so that few shapes are compiled.
     `widest_filter` (the biLM's, when > 0) cuts each batch's spellings to what
     the character CNN needs (`chars.trim_padding`: the same features). A
-    `lexicon` (an ELMoForManyLangs model's) spells the tokens instead."""
+    `lexicon` (an ELMoForManyLangs model's) spells the tokens instead. With
+    `layers` (an embedding store of `data`'s sentences, `store.py`: entry i
+    [L+1, n_i, 2P]) a batch carries the stored layers [B, T, L+1, 2P] instead
+    of character ids, and the biLM is never run."""
     order = sorted(range(len(data)), key=lambda i: len(data[i][0]))
     batches = []
     for start in range(0, len(order), batch_size):
@@ -119,16 +122,34 @@ def make_batches(data, tag_index, word_index, batch_size, max_chars=50, widest_f
         for b, (tokens, tg) in enumerate(rows):
             tags[b, :len(tg)] = [tag_index[t] for t in tg]
             words[b, :len(tokens)] = [word_index.get(w, 1) for w in tokens]
-        if lexicon is not None:
-            char_ids = lexicon.batch_ids(sents, max_chars, min_length=T)
+        mask = np.arange(T)[None, :] < np.array([len(s) for s in sents])[:, None]
+        batch = {"tags": tags, "word_ids": words, "mask": mask}
+        if layers is not None:
+            batch["layers"] = _stored_layers(layers, order[start:start + batch_size], rows,
+                                             batch_size, T)
         else:
-            char_ids = batch_to_char_ids(sents, max_chars, min_length=T)
-        if widest_filter and lexicon is None:
-            char_ids = trim_padding(char_ids, widest_filter)
-        batches.append({"char_ids": char_ids,
-                        "tags": tags, "word_ids": words,
-                        "mask": np.arange(T)[None, :] < np.array([len(s) for s in sents])[:, None]})
+            if lexicon is not None:
+                char_ids = lexicon.batch_ids(sents, max_chars, min_length=T)
+            else:
+                char_ids = batch_to_char_ids(sents, max_chars, min_length=T)
+            if widest_filter and lexicon is None:
+                char_ids = trim_padding(char_ids, widest_filter)
+            batch["char_ids"] = char_ids
+        batches.append(batch)
     return batches
+
+
+def _stored_layers(layers, indices, rows, batch_size: int, T: int) -> np.ndarray:
+    """[B, T, L+1, 2P] float32: the stored layers of the sentences `indices`."""
+    first = np.asarray(layers[indices[0]])
+    out = np.zeros((batch_size, T, first.shape[0], first.shape[-1]), np.float32)
+    for b, (i, (tokens, _)) in enumerate(zip(indices, rows)):
+        x = np.asarray(layers[i])
+        if x.shape[1] != len(tokens):
+            raise ValueError(f"the stored features of sentence {i} have {x.shape[1]} tokens, "
+                             f"the sentence {len(tokens)}: the store is of another text")
+        out[b, :len(tokens)] = np.moveaxis(x, 0, 1)
+    return out
 
 
 def _elmo_variables(elmo: ElmoEmbedder, mix: dict, bilm: dict) -> dict:
@@ -140,7 +161,10 @@ def _elmo_variables(elmo: ElmoEmbedder, mix: dict, bilm: dict) -> dict:
 
 
 def _features(elmo: ElmoEmbedder, trainable, bilm, batch, mode):
-    """The tagger's input [B, T, 2P] (random+mix: [B, T, 4P]) for one batch."""
+    """The tagger's input [B, T, 2P] (random+mix: [B, T, 4P]) for one batch:
+    from the biLM run here, or from its stored layers (batch["layers"])."""
+    if "layers" in batch:
+        return _stored_features(trainable, batch, mode)
     if mode in ("layer0", "top"):
         out = embed(bilm, batch["char_ids"], elmo.options)
         return out.layers[0 if mode == "layer0" else -1]
@@ -153,14 +177,33 @@ def _features(elmo: ElmoEmbedder, trainable, bilm, batch, mode):
     return jnp.concatenate(parts, axis=-1)
 
 
+def _stored_features(trainable, batch, mode):
+    """`_features` from stored layers [B, T, L+1, 2P]: the same scalar mix
+    (gamma * softmax-weighted sum) as `ElmoEmbedder`'s, without the biLM."""
+    layers = batch["layers"]
+    if mode in ("layer0", "top"):
+        return layers[:, :, 0 if mode == "layer0" else -1]
+    parts = []
+    if "random" in mode:
+        parts.append(trainable["embed"][batch["word_ids"]])
+    if "mix" in mode:
+        mix = trainable["mix"]
+        w = jax.nn.softmax(mix["scalar_mix_weights"][0])
+        parts.append(mix["gamma"][0] * jnp.einsum("k,btkw->btw", w, layers))
+    return jnp.concatenate(parts, axis=-1)
+
+
 def _init_trainable(config: TaggerConfig, elmo: ElmoEmbedder, bilm: dict, tagger: Tagger,
-                    n_words: int, key: jax.Array) -> dict:
+                    n_words: int, key: jax.Array, stored: bool = False) -> dict:
     """The tagger's parameters, the mix (modes with "mix"), word embeddings ("random")."""
     W = elmo.options.output_dim
     width = 2 * W if config.mode == "random+mix" else W
     trainable = {"tagger": tagger.init(key, jnp.zeros((1, 8, width)),
                                        jnp.ones((1, 8), bool))["params"]}
-    if "mix" in config.mode:
+    if "mix" in config.mode and stored:  # ElmoEmbedder's initial mix, without the biLM
+        K = elmo.options.n_output_layers
+        trainable["mix"] = {"scalar_mix_weights": jnp.zeros((1, K)), "gamma": jnp.ones((1,))}
+    elif "mix" in config.mode:
         ids = elmo.char_ids([["a"]])
         mix = init_variables(elmo, key, ids, bilm)["params"]
         trainable["mix"] = {k: v for k, v in mix.items() if k != "bilm"}
@@ -208,11 +251,16 @@ def _accuracy(predict, params, batches) -> float:
 
 def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
                        config: TaggerConfig, progress: bool = False,
-                       return_params: bool = False, lexicon=None):
+                       return_params: bool = False, lexicon=None, features=None):
     """Train a tagger on `train`, pick the epoch by dev accuracy, report test
-    accuracy (and, with `return_params`, the chosen parameters)."""
+    accuracy (and, with `return_params`, the chosen parameters). `features`
+    ({"train", "dev", "test"}: embedding stores of the splits' sentences,
+    `features_for`) trains on stored layers: no epoch runs the biLM."""
     if config.mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {config.mode!r}")
+    if features is not None and config.fine_tune:
+        raise ValueError("stored features come from a frozen biLM: fine-tuning needs the "
+                         "biLM run in the step (drop --features)")
     if config.max_train_sentences:
         train = train[:config.max_train_sentences]
     tags = sorted({t for _, tg in train for t in tg} | {t for _, tg in dev + test for t in tg})
@@ -221,13 +269,15 @@ def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
     word_index = {w: i + 2 for i, w in enumerate(words)}  # 0 padding, 1 unknown
     C = options.char_cnn.max_characters_per_token
     batches = {name: make_batches(d, tag_index, word_index, config.batch_size, C,
-                                 options.char_cnn.widest_filter, lexicon)
+                                 options.char_cnn.widest_filter, lexicon,
+                                 None if features is None else features[name])
                for name, d in (("train", train), ("dev", dev), ("test", test))}
     tagger = Tagger(len(tags), config.hidden, config.dropout)
     key = jax.random.PRNGKey(config.seed)
     elmo = ElmoEmbedder(options, dropout=0.0, fine_tune=config.fine_tune)
     bilm = jax.tree.map(jnp.asarray, bilm)
-    trainable = _init_trainable(config, elmo, bilm, tagger, len(words) + 2, key)
+    trainable = _init_trainable(config, elmo, bilm, tagger, len(words) + 2, key,
+                                stored=features is not None)
     params = {"trainable": trainable, "bilm": bilm}
     tx = optax.multi_transform(
         {"trainable": optax.adam(config.learning_rate),
@@ -267,6 +317,35 @@ def train_and_evaluate(bilm: dict, options: ElmoOptions, train, dev, test,
     return (result, best["params"]) if return_params else result
 
 
+def features_for(splits: dict, directory: str, bilm: dict, options: ElmoOptions,
+                 lexicon=None, progress: bool = False) -> dict:
+    """{split: embedding store of its sentences (all layers)}, in
+    `directory/split`: embedded once by the corpus job (`corpus.py`), reused
+    by every later run while the model and the sentences are the same."""
+    from elmo_jax.corpus import CorpusSettings, embed_corpus
+    from elmo_jax.files import write_text
+    from elmo_jax.store import open_embeddings
+
+    import hashlib
+
+    os.makedirs(directory, exist_ok=True)
+    out = {}
+    for name, data in splits.items():
+        for tokens, _ in data:
+            if any(t.split() != [t] for t in tokens):
+                raise ValueError(f"a {name} token holds whitespace: {tokens!r}")
+        lines = "".join(" ".join(t) + "\n" for t, _ in data)
+        # named by content: other sentences (another --max_train_sentences) get their own
+        key = f"{name}-{hashlib.sha256(lines.encode()).hexdigest()[:12]}"
+        text = os.path.join(directory, f"{key}.txt")
+        if not os.path.exists(text):
+            write_text(text, lines)
+        embed_corpus(bilm, options, [text], os.path.join(directory, key), CorpusSettings(),
+                     lexicon=lexicon, progress=progress)
+        out[name] = open_embeddings(os.path.join(directory, key))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -282,6 +361,9 @@ def main(argv=None):
     ap.add_argument("--fine_tune", action="store_true", help="also train the biLM")
     ap.add_argument("--max_train_sentences", type=int)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--features", metavar="DIR", help="train on stored layers: the splits "
+                    "are embedded once into stores in DIR (reused while the model and "
+                    "sentences are the same), and no epoch runs the biLM")
     ap.add_argument("--out", help="append the result as a JSON line to this file")
     args = ap.parse_args(argv)
     model = open_model(args.weights)
@@ -291,9 +373,16 @@ def main(argv=None):
                           fine_tune=args.fine_tune, max_train_sentences=args.max_train_sentences,
                           seed=args.seed)
     splits = [load_split(args.pos_dir, s) for s in ("train", "dev", "test")]
+    if args.max_train_sentences:
+        splits[0] = splits[0][:args.max_train_sentences]
+    features = None
+    if args.features:
+        features = features_for(dict(zip(("train", "dev", "test"), splits)), args.features,
+                                bilm, options, model.lexicon, progress=True)
     result = {"weights": args.weights, **train_and_evaluate(bilm, options, *splits, config,
                                                             progress=True,
-                                                            lexicon=model.lexicon)}
+                                                            lexicon=model.lexicon,
+                                                            features=features)}
     print_result(result, args.out)
 
 

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 from elmo_jax import checkpoints
 from elmo_jax import data as data_lib
 from elmo_jax.config import Config, ConfigError, TrainConfig, profile_window
+from elmo_jax.hub import use_compilation_cache
 from elmo_jax.model import init_state
 from elmo_jax.options import ElmoOptions
 from elmo_jax.softmax import pad_softmax
@@ -467,16 +468,6 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
         mngr.wait_until_finished()
         if hasattr(batcher, "close"):
             batcher.close()
-
-
-def use_compilation_cache() -> None:
-    """JAX's persistent compilation cache, unless the user chose one: a
-    restarted run reaches its first step without compiling again."""
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
-        return
-    from elmo_jax.hub import cache_dir
-
-    jax.config.update("jax_compilation_cache_dir", os.path.join(cache_dir(), "xla"))
 
 
 def _loop(config, vocab, workdir, state, count, step_fn, batcher, mesh, rewind, mngr, stop,

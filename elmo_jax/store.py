@@ -1,0 +1,413 @@
+"""An embedding store: a corpus's ELMo vectors on disk, written in chunks by
+`corpus.embed_corpus` and read back by `open_embeddings(DIR)`.
+
+    DIR/store.json                    what was embedded, how (`StoreSpec`): the same
+                                      for every worker; a rerun that differs is refused
+    DIR/shard-00000-of-00002/
+        vectors.bin                   one flat array [rows, *row_shape] in the stored
+                                      dtype (raw, memory-mappable): a row per token, or
+                                      per line with sentence vectors
+        starts.bin, lengths.bin       int64 / int32 [lines]: each line's first row and
+                                      its token count
+        chunk-000000.json ...         completion markers: a chunk counts once its marker
+                                      is there (written after its data is on disk)
+        done.json                     the shard's totals, once it is finished
+
+The corpus's lines are cut into chunks of `chunk_lines`; chunk c belongs to
+shard c % num_shards, so that line i is found without any index beyond the
+shard's own (`_locate`). Within a chunk, rows are in the order the job
+embedded them (by length), which `starts` undoes; the line order of the store
+is the input's. A shard appends, and its markers say how far its files are
+whole: a rerun cuts each file back to the last marker (`ShardWriter`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import glob
+import json
+import os
+import shutil
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from elmo_jax.files import read_json, write_json
+
+FORMAT = "elmo-jax-store/1"
+SPEC_FILE = "store.json"
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+class StoreError(ValueError):
+    """A store that cannot be written or read as asked; says why and what to do."""
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    if name not in DTYPES:
+        raise StoreError(f"dtype must be one of {DTYPES}, got {name!r}")
+    if name == "bfloat16":
+        import ml_dtypes  # a dependency of jax
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreSpec:
+    """What a store holds and how it was made: every worker of one job writes
+    the same one, and a rerun must match it to continue."""
+    model: str                  # the model's fingerprint (`corpus.model_fingerprint`)
+    options: dict               # the model's options
+    output: str                 # "layers" (all), "layer" (one), "mix"
+    layer: int | None           # the layer, for output="layer"
+    mix_weights: list | None    # the raw mix weights, for output="mix"
+    gamma: float
+    sentence_vectors: bool      # a row per line (its tokens' mean) instead of per token
+    dtype: str                  # the stored dtype
+    row_shape: list             # one row's shape: [K, 2P], [2P]
+    inputs: list                # [{path, size, mtime_ns}] in corpus order
+    chunk_lines: int
+    num_shards: int
+    max_length: int
+    tokenize: str | None
+    on_bad_line: str
+    format: str = FORMAT
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def spec_differences(old: dict, new: dict) -> list[str]:
+    """The fields in which two specs differ, each as 'field: old -> new'."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        if old.get(k) != new.get(k):
+            a, b = json.dumps(old.get(k)), json.dumps(new.get(k))
+            if k == "options":
+                a, b = "(one model's options)", "(another's)"
+            elif k == "inputs":
+                a, b = _input_change(old.get(k) or [], new.get(k) or [])
+            out.append(f"{k}: {a[:200]} -> {b[:200]}")
+    return out
+
+
+def _input_change(old: list, new: list) -> tuple[str, str]:
+    for a, b in zip(old, new):
+        if a != b:
+            return (f"{a['path']} ({a['size']} bytes, mtime {a['mtime_ns']})",
+                    f"{b['path']} ({b['size']} bytes, mtime {b['mtime_ns']})")
+    return f"{len(old)} files", f"{len(new)} files"
+
+
+def claim(directory: str, spec: StoreSpec) -> None:
+    """Make `directory` this job's store, or check that it already is: a store
+    made with another model, options, output or input is refused, never mixed."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, SPEC_FILE)
+    if os.path.exists(path):
+        old = read_json(path, "store spec", StoreError)
+        diff = spec_differences(old, spec.to_dict())
+        if diff:
+            raise StoreError(f"{directory} holds a store made differently ("
+                             + "; ".join(diff) + "): give another --output, or remove it "
+                             "to start over")
+        return
+    if os.listdir(directory):
+        raise StoreError(f"{directory} is not empty and holds no {SPEC_FILE}: give an empty "
+                         "or new folder as --output")
+    try:
+        write_json(path, spec.to_dict())
+    except OSError as e:
+        raise StoreError(f"cannot write {path}: {e.strerror}") from None
+
+
+def shard_dir(directory: str, shard: int, num_shards: int) -> str:
+    return os.path.join(directory, f"shard-{shard:05d}-of-{num_shards:05d}")
+
+
+def shard_chunks(chunk: int, shard: int, num_shards: int) -> bool:
+    """Whether global chunk `chunk` is shard `shard`'s."""
+    return chunk % num_shards == shard
+
+
+class DiskFull(StoreError):
+    pass
+
+
+class ShardWriter:
+    """Appends one shard's chunks; each is whole once its marker is written.
+
+    On opening, files are cut back to the last marker (a killed run's partial
+    chunk is dropped) and stray temporary files removed; `finished` lists the
+    global chunks already done. A write that fails for lack of space cuts the
+    files back the same way and raises `DiskFull`, naming the path and the
+    space needed: the finished chunks stay, and a rerun continues."""
+
+    def __init__(self, directory: str, shard: int, num_shards: int, row_bytes: int):
+        self.dir = shard_dir(directory, shard, num_shards)
+        self.shard, self.num_shards, self.row_bytes = shard, num_shards, row_bytes
+        os.makedirs(self.dir, exist_ok=True)
+        for tmp in glob.glob(os.path.join(self.dir, ".*.tmp")):
+            os.unlink(tmp)
+        self.markers = self._read_markers()
+        last = self.markers[-1] if self.markers else {"rows": 0, "lines": 0}
+        self.rows, self.lines = last["rows"], last["lines"]
+        self._files = {}
+        for name, size in self._sizes().items():
+            fh = open(os.path.join(self.dir, name), "ab")
+            fh.truncate(size)
+            self._files[name] = fh
+        self.done = os.path.exists(os.path.join(self.dir, "done.json"))
+
+    def _read_markers(self) -> list[dict]:
+        markers = []
+        k = 0
+        while True:
+            chunk = self.shard + k * self.num_shards
+            path = os.path.join(self.dir, f"chunk-{chunk:06d}.json")
+            if not os.path.exists(path):
+                break
+            markers.append(read_json(path, "chunk marker", StoreError))
+            k += 1
+        return markers
+
+    def _sizes(self) -> dict:
+        return {"vectors.bin": self.rows * self.row_bytes, "starts.bin": self.lines * 8,
+                "lengths.bin": self.lines * 4}
+
+    @property
+    def finished(self) -> set[int]:
+        return {m["chunk"] for m in self.markers}
+
+    def append_rows(self, rows: np.ndarray) -> None:
+        """Append rows [n, *row_shape] of the chunk in flight."""
+        self._write("vectors.bin", rows)
+
+    def _write(self, name: str, array: np.ndarray) -> None:
+        try:
+            self._files[name].write(np.ascontiguousarray(array).tobytes())
+        except OSError as e:
+            self._failed(name, e, array.nbytes)
+            raise
+
+    def finish_chunk(self, chunk: int, starts: np.ndarray, lengths: np.ndarray,
+                     rows_in_chunk: int, skipped: Sequence[dict] = (),
+                     tokens: int = 0) -> None:
+        """Publish chunk `chunk` (global index): its lines' starts (absolute
+        rows) and lengths, then its marker, after the data is on disk."""
+        self._write("starts.bin", starts.astype(np.int64))
+        self._write("lengths.bin", lengths.astype(np.int32))
+        try:
+            for fh in self._files.values():
+                fh.flush()
+                os.fsync(fh.fileno())
+            self.rows += rows_in_chunk
+            self.lines += len(starts)
+            marker = {"chunk": chunk, "rows": self.rows, "lines": self.lines,
+                      "tokens": int(tokens), "skipped": list(skipped)}
+            write_json(os.path.join(self.dir, f"chunk-{chunk:06d}.json"), marker)
+        except OSError as e:
+            self._failed("chunk marker", e, 4096)
+            raise
+        self.markers.append(marker)
+
+    def _failed(self, name: str, e: OSError, nbytes: int) -> None:
+        """Cut every file back to the last marker; a full disk becomes DiskFull."""
+        last = self.markers[-1] if self.markers else {"rows": 0, "lines": 0}
+        self.rows, self.lines = last["rows"], last["lines"]
+        for n, size in self._sizes().items():
+            try:
+                fh = self._files[n]
+                fh.seek(0, os.SEEK_END)
+                fh.truncate(size)
+            except OSError:
+                pass
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = shutil.disk_usage(self.dir).free
+            raise DiskFull(
+                f"no space left on the device of {os.path.join(self.dir, name)} "
+                f"({free / 2**20:.1f} MiB free; the chunk in flight needs at least "
+                f"{max(nbytes, 1) / 2**20:.1f} MiB more, at {self.row_bytes} bytes a row): "
+                f"the {len(self.markers)} finished chunk(s) of this shard are kept; free some "
+                "space and run the same command again to continue") from None
+
+    def finish(self, totals: dict) -> None:
+        write_json(os.path.join(self.dir, "done.json"), totals)
+        self.done = True
+
+    def close(self) -> None:
+        for fh in self._files.values():
+            try:
+                fh.close()
+            except OSError:
+                pass
+
+
+# ----------------------------------------------------------------------------
+# reading
+
+
+class EmbeddingStore:
+    """A finished store, memory-mapped: `len(store)` lines, `store[i]` line i's
+    array as `Elmo.embed_sentences` gives it ([L+1, n_i, 2P] for all layers,
+    [n_i, 2P] for one layer or the mix; [L+1, 2P] / [2P] with sentence
+    vectors), in the stored dtype; `store[a:b]` a list; iteration in line
+    order. It is a random-access data source (grain's protocol: `__len__`,
+    `__getitem__`), and `batches` gives padded training batches."""
+
+    def __init__(self, directory: str):
+        self.dir = directory
+        path = os.path.join(directory, SPEC_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no embedding store at {directory} (no {SPEC_FILE})")
+        self.spec = read_json(path, "store spec", StoreError)
+        if self.spec.get("format") != FORMAT:
+            raise StoreError(f"{path}: format {self.spec.get('format')!r}, expected {FORMAT!r}")
+        self.dtype = numpy_dtype(self.spec["dtype"])
+        self.row_shape = tuple(self.spec["row_shape"])
+        N, K = self.spec["num_shards"], self.spec["chunk_lines"]
+        self.chunk_lines = K
+        self._vectors, self._starts, self._lengths, lines = [], [], [], []
+        missing = []
+        for s in range(N):
+            d = shard_dir(directory, s, N)
+            done = os.path.join(d, "done.json")
+            if not os.path.exists(done):
+                missing.append(s)
+                continue
+            totals = read_json(done, "shard totals", StoreError)
+            lines.append(totals["lines"])
+            self._vectors.append(_memmap(os.path.join(d, "vectors.bin"), self.dtype,
+                                         (totals["rows"],) + self.row_shape))
+            self._starts.append(_memmap(os.path.join(d, "starts.bin"), np.int64,
+                                        (totals["lines"],)))
+            self._lengths.append(_memmap(os.path.join(d, "lengths.bin"), np.int32,
+                                         (totals["lines"],)))
+        if missing:
+            raise StoreError(f"{directory} is not finished: shard(s) {missing} of {N} have not "
+                             "completed (run the same command for them; finished chunks "
+                             "are kept)")
+        self._len = int(sum(lines))
+        self.skipped = [s for sh in range(N) for s in _skipped(shard_dir(directory, sh, N))]
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        """(shard, line within the shard) of corpus line i."""
+        N, K = self.spec["num_shards"], self.chunk_lines
+        chunk = i // K
+        return chunk % N, (chunk // N) * K + i % K
+
+    def length(self, i: int) -> int:
+        """The number of tokens of line i."""
+        s, j = self._locate(self._index(i))
+        return int(self._lengths[s][j])
+
+    def _index(self, i) -> int:
+        i = int(i)
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError(f"line {i} is out of range: the store has {self._len} lines")
+        return i
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._len))]
+        s, j = self._locate(self._index(i))
+        start = int(self._starts[s][j])
+        if self.spec["sentence_vectors"]:
+            return np.asarray(self._vectors[s][start])
+        rows = np.asarray(self._vectors[s][start:start + int(self._lengths[s][j])])
+        return np.moveaxis(rows, 0, -2) if rows.ndim == 3 else rows
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for i in range(self._len):
+            yield self[i]
+
+    def batches(self, batch_size: int, indices: Sequence[int] | None = None,
+                shuffle: bool = False, seed: int = 0, min_length: int = 8,
+                dtype=np.float32) -> Iterator[dict]:
+        """Padded batches of token rows, for training on stored vectors:
+        {"features": [B, T, *row_shape] (T a power of two >= the longest line,
+        so few shapes are compiled), "mask": [B, T] bool, "index": [B] the
+        lines (-1 for padding rows)}. The last batch is padded with empty rows
+        to `batch_size`. Lines in `indices` order (default all), shuffled per
+        `seed` when `shuffle`."""
+        if self.spec["sentence_vectors"]:
+            raise StoreError("a store of sentence vectors has no tokens to batch; index it "
+                             "(store[i]) or stack it (np.stack(list(store)))")
+        from elmo_jax.shapes import bucket
+
+        order = np.arange(self._len) if indices is None else np.asarray(indices, np.int64)
+        if shuffle:
+            order = np.random.default_rng(seed).permutation(order)
+        for a in range(0, len(order), batch_size):
+            idx = order[a:a + batch_size]
+            arrays = [self._rows(i) for i in idx]
+            T = bucket(max([len(x) for x in arrays] + [1]), min_length)
+            feats = np.zeros((batch_size, T) + self.row_shape, dtype)
+            mask = np.zeros((batch_size, T), bool)
+            for b, x in enumerate(arrays):
+                feats[b, :len(x)] = x
+                mask[b, :len(x)] = True
+            index = np.full(batch_size, -1, np.int64)
+            index[:len(idx)] = idx
+            yield {"features": feats, "mask": mask, "index": index}
+
+    def _rows(self, i: int) -> np.ndarray:
+        """Line i's rows [n_i, *row_shape] (token-major, as stored)."""
+        s, j = self._locate(self._index(i))
+        start = int(self._starts[s][j])
+        return self._vectors[s][start:start + int(self._lengths[s][j])]
+
+
+def _memmap(path: str, dtype, shape) -> np.ndarray:
+    if int(np.prod(shape)) == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+
+
+def _skipped(shard: str) -> list[dict]:
+    out = []
+    for marker in sorted(glob.glob(os.path.join(shard, "chunk-*.json"))):
+        out += read_json(marker, "chunk marker", StoreError).get("skipped", [])
+    return out
+
+
+def open_embeddings(directory: str | os.PathLike) -> EmbeddingStore:
+    """The finished embedding store in `directory` (written by `elmo-jax embed
+    --output DIR`)."""
+    return EmbeddingStore(os.fspath(directory))
+
+
+def is_store(path: str | os.PathLike) -> bool:
+    return os.path.isfile(os.path.join(path, SPEC_FILE))
+
+
+def merge_to_hdf5(directory: str, out: str) -> int:
+    """Write a store as bilm-tf's `dump_bilm_embeddings` file: dataset str(i)
+    for line i, float32 (as bilm-tf's) unless the store's dtype is narrower.
+    The space is checked first (h5py crashes on a full disk); the file appears
+    whole or not at all. Returns the number of lines."""
+    import h5py
+
+    from elmo_jax.files import atomic_path
+
+    store = open_embeddings(directory)
+    dtype = np.float32 if store.spec["dtype"] == "bfloat16" else store.dtype
+    rows = sum(len(v) for v in store._vectors)
+    need = rows * int(np.prod(store.row_shape)) * np.dtype(dtype).itemsize + 2048 * len(store)
+    folder = os.path.dirname(os.path.abspath(out))
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise DiskFull(f"not enough space for {out}: it needs about {need / 2**20:.1f} MiB, "
+                       f"{free / 2**20:.1f} MiB are free on its device; the store {directory} "
+                       "is kept, free some space and run the same command again")
+    with atomic_path(out) as tmp:
+        with h5py.File(tmp, "w") as fh:
+            for i in range(len(store)):
+                fh.create_dataset(str(i), data=np.asarray(store[i], dtype))
+    return len(store)
