@@ -71,7 +71,6 @@ def test_sh_blocks_use_real_flags():
 def test_bash_and_python_blocks_run_in_order(tmp_path):
     for name in ("elmo_jax", "configs", "tests", "train.py", "embed.py"):
         os.symlink(os.path.join(REPO, name), tmp_path / name)
-    (tmp_path / "runs").mkdir()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
     ran = 0
     for info, text in BLOCKS:
@@ -91,6 +90,7 @@ def test_bash_and_python_blocks_run_in_order(tmp_path):
             ran += 1
     assert ran >= 10
     assert (tmp_path / "runs" / "my_elmo" / "export" / "weights.hdf5").exists()
+    assert (tmp_path / "runs" / "corpus.hdf5").exists()  # "Embed a corpus", in a fresh folder
     # the AllenNLP snippet (```py, not run: AllenNLP is not a dependency) names those files
     py = [text for info, text in BLOCKS if info == "py"]
     assert any("runs/my_elmo/export/weights.hdf5" in text for text in py)
