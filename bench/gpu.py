@@ -4,6 +4,7 @@ prints one line per measurement and a final JSON line.
 
     python -m bench.gpu [--train-batch 512] [--embed-batch 1024] [--seconds 20]
     python -m bench.gpu --only loop [--loop-steps 300] [--train-batch 512]
+    python -m bench.gpu --only corpus [--corpus-lines 100000] [--batch-tokens 65536]
 
 Reported per run: tokens/s (median step), achieved TFLOP/s of useful work
 (forward: token encoder + LSTMs; training: 3x the forward plus the sampled
@@ -21,6 +22,11 @@ corpus for `--loop-steps` steps, traces its last 100 steps, and prints the
 devices' busy fraction in them (`bench.trace.device_busy_fraction`), the
 loop's tokens/s and the programs compiled after step 1, beside the plan's
 step time at 40% and 60% of the chip's peak.
+
+`--only corpus` (and `--only embed`, after the fixed batch) runs the corpus job (`corpus.embed_corpus`: text in, a store
+written, the reader and writer threads) over a synthetic corpus, once to
+compile and once traced, and prints its tokens/s and the devices' busy
+fraction over its batches.
 """
 from __future__ import annotations
 
@@ -174,6 +180,36 @@ def bench_loop(config, batch, dtype, steps):
     return {**out, **predicted_step(flops, dtype)}
 
 
+def bench_corpus(options, params, dtype, lines, batch_tokens):
+    import os
+    import tempfile
+
+    import jax
+    import numpy as np
+
+    from bench.host_input import synthetic_corpus
+    from bench.trace import device_busy_fraction
+    from elmo_jax.corpus import CorpusSettings, embed_corpus
+
+    work = tempfile.mkdtemp(prefix="elmo-jax-gpu-corpus-")
+    corpus = os.path.join(work, "corpus.txt")
+    synthetic_corpus(corpus, sentences=lines)
+    settings = CorpusSettings(compute_dtype=dtype, dtype="float16", batch_tokens=batch_tokens,
+                              chunk_lines=8192)
+    params = jax.tree.map(np.asarray, params)
+    warm = os.path.join(work, "warm.txt")
+    with open(corpus, encoding="utf-8") as src, open(warm, "w", encoding="utf-8") as dst:
+        dst.writelines(line for _, line in zip(range(2000), src))
+    embed_corpus(params, options, [warm], os.path.join(work, "warm"), settings)  # compiles
+    trace = os.path.join(work, "trace")
+    with jax.profiler.trace(trace):
+        summary = embed_corpus(params, options, [corpus], os.path.join(work, "store"), settings)
+    return {"what": "corpus", "dtype": dtype, "batch_tokens": batch_tokens, "lines": lines,
+            "tokens_per_s": round(summary["tokens_per_sec"]), "tokens": summary["tokens"],
+            "compile_seconds": summary["compile_seconds"], "devices": summary["devices"],
+            **device_busy_fraction(trace, step_name="embed_batch")}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,7 +217,9 @@ def main(argv=None):
     ap.add_argument("--embed-batch", type=int, default=1024)
     ap.add_argument("--seconds", type=float, default=15.0, help="timing per measurement")
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--only", choices=["train", "embed", "loop"])
+    ap.add_argument("--only", choices=["train", "embed", "loop", "corpus"])
+    ap.add_argument("--corpus-lines", type=int, default=100_000, help="with --only corpus")
+    ap.add_argument("--batch-tokens", type=int, default=65536, help="with --only corpus")
     ap.add_argument("--loop-steps", type=int, default=300, help="with --only loop")
     ap.add_argument("--config", default="original", help="a configs/ name (tiny: smoke test)")
     ap.add_argument("--vocab-size", type=int, default=793471,
@@ -197,13 +235,20 @@ def main(argv=None):
     results = []
     params = init_params(options, jax.random.PRNGKey(0))
     for dtype in args.dtypes.split(","):
-        if args.only == "loop":
-            r = bench_loop(config, args.train_batch, dtype, args.loop_steps)
+        if args.only in ("loop", "corpus"):
+            r = (bench_loop(config, args.train_batch, dtype, args.loop_steps)
+                 if args.only == "loop"
+                 else bench_corpus(options, params, dtype, args.corpus_lines,
+                                   args.batch_tokens))
             print(json.dumps(r), flush=True)
             results.append(r)
             continue
         if args.only != "train":
             r = bench_embed(options, params, args.embed_batch, dtype, args.seconds)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+        if args.only == "embed":  # and the corpus job, text in and a store written
+            r = bench_corpus(options, params, dtype, args.corpus_lines, args.batch_tokens)
             print(json.dumps(r), flush=True)
             results.append(r)
         if args.only != "embed":

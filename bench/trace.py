@@ -41,11 +41,12 @@ def op_times(trace_dir: str, steps: int) -> collections.Counter:
     return times
 
 
-def device_busy_fraction(trace_dir: str) -> dict:
+def device_busy_fraction(trace_dir: str, step_name: str = "train") -> dict:
     """The share of the traced steps' wall time in which a device ran work: the
     union of the device planes' events (an accelerator's kernels; on a CPU,
     XLA's worker threads) between the first traced step's start and the last
-    one's end (the loop's `train` step annotations on the host)."""
+    one's end (the loop's `train` step annotations on the host; the corpus
+    job's are `embed_batch`)."""
     import jax
 
     path = max(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True),
@@ -56,7 +57,7 @@ def device_busy_fraction(trace_dir: str) -> dict:
         device = plane.name.startswith("/device:")
         for line in plane.lines:
             for ev in line.events:
-                if not device and ev.name == "train":
+                if not device and ev.name == step_name:
                     steps.append((ev.start_ns, ev.start_ns + ev.duration_ns))
                 if device or (line.name.startswith("tf_XLAEigen")
                               and not ev.name.startswith(("ThunkExecutor", "SlinkyThreadPool"))):

@@ -117,7 +117,7 @@ class Chunk(NamedTuple):
     index: int              # global chunk number
     first_line: int         # global number of its first line
     tokens: list            # [lines] token lists ([] for a blank or skipped line)
-    nbytes: int             # the input bytes of its lines
+    line_bytes: list        # [lines] each line's input bytes (for the progress bar)
     skipped: list           # [{"line", "file", "file_line"}] lines that were not UTF-8
 
 
@@ -127,27 +127,25 @@ def read_chunks(files: Sequence[str], chunk_lines: int, wanted, on_bad_line: str
     the others' lines are only counted. Lines end at "\\n" only (a "\\r"
     before it dropped), as `files.split_lines` reads them."""
     index, first, take = 0, 0, wanted(0)
-    raw_lines, where, count, nbytes = [], [], 0, 0
+    raw_lines, where, count = [], [], 0
     for path in files:
         with open(path, "rb") as fh:
             for n, raw in enumerate(fh, 1):
                 count += 1
-                nbytes += len(raw)
                 if take:
                     raw_lines.append(raw)
                     where.append((path, n))
                 if count == chunk_lines:
                     if take:
-                        yield _decode(index, first, raw_lines, where, on_bad_line, tokenize,
-                                      nbytes)
+                        yield _decode(index, first, raw_lines, where, on_bad_line, tokenize)
                     index, first = index + 1, first + chunk_lines
-                    raw_lines, where, count, nbytes = [], [], 0, 0
+                    raw_lines, where, count = [], [], 0
                     take = wanted(index)
     if take and count:
-        yield _decode(index, first, raw_lines, where, on_bad_line, tokenize, nbytes)
+        yield _decode(index, first, raw_lines, where, on_bad_line, tokenize)
 
 
-def _decode(index, first, raw_lines, where, on_bad_line, tokenize, nbytes) -> Chunk:
+def _decode(index, first, raw_lines, where, on_bad_line, tokenize) -> Chunk:
     texts, skipped = [], []
     for k, raw in enumerate(raw_lines):
         raw = raw[:-1] if raw.endswith(b"\n") else raw
@@ -168,7 +166,7 @@ def _decode(index, first, raw_lines, where, on_bad_line, tokenize, nbytes) -> Ch
         tokens = tokenize_lines(texts, lang=tokenize)
     else:
         tokens = [t.split() for t in texts]
-    return Chunk(index, first, tokens, nbytes, skipped)
+    return Chunk(index, first, tokens, [len(r) for r in raw_lines], skipped)
 
 
 # ----------------------------------------------------------------------------
@@ -487,7 +485,8 @@ def _run(params, options, files, settings, shard, num_shards, lexicon, devices, 
                 break
             if item[0] == "batch":
                 _, shape, pieces, placed = item
-                item = ("batch", pieces, programs(shape, placed))
+                with jax.profiler.TraceAnnotation("embed_batch"):  # bench/gpu.py's trace
+                    item = ("batch", pieces, programs(shape, placed))
                 counters["batches"] += 1
             if not pipe.put(done_q, item):
                 break
@@ -523,17 +522,19 @@ class _ChunkState:
         self.rows = 0
         self.parts: dict[int, dict] = {}
         self.sums = np.zeros((n,) + tuple(row_shape), np.float32) if sentence_vectors else None
-        self._bytes = chunk.nbytes
+        self._bytes_left = sum(chunk.line_bytes)
+        self._bytes_done = 0
 
     @property
     def complete(self) -> bool:
         return self.todo == 0
 
     def take_bytes(self) -> int:
-        """The input bytes to count as done (all of them, once complete)."""
-        if not self.complete:
-            return 0
-        b, self._bytes = self._bytes, 0
+        """The input bytes finished since the last call (the rest of the
+        chunk's, blank lines too, once it is complete)."""
+        b = self._bytes_left if self.complete else min(self._bytes_done, self._bytes_left)
+        self._bytes_left -= b
+        self._bytes_done = 0
         return b
 
     def add(self, pieces: Sequence[Piece], out: np.ndarray, writer: ShardWriter) -> int:
@@ -556,6 +557,7 @@ class _ChunkState:
                 del self.parts[p.line]
             self.todo -= 1
             tokens += int(self.lengths[p.line])
+            self._bytes_done += self.chunk.line_bytes[p.line]
             if part is not None:
                 self.starts[p.line] = self.rows
                 self.rows += len(part)
