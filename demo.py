@@ -24,8 +24,7 @@ import os
 import shutil
 import time
 
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from demo_common import HERE, plot_curve, section, train, write_vocab
 
 QUERIES = [  # two senses of each word; the first two are the ELMo paper's (Table 4)
     "Chico Ruiz made a spectacular play on Alusik 's grounder .",
@@ -36,10 +35,6 @@ QUERIES = [  # two senses of each word; the first two are the ELMo paper's (Tabl
     "The box was so light that a child could carry it .",
 ]
 FORMS = {"play": {"play", "plays"}, "bank": {"bank", "banks"}, "light": {"light", "lights"}}
-
-
-def section(title):
-    print(f"\n== {title} " + "=" * max(0, 70 - len(title)), flush=True)
 
 
 def prepare_data(cache_dir, workdir):
@@ -66,30 +61,6 @@ def prepare_data(cache_dir, workdir):
         with open(evals[name], "w", encoding="utf-8") as fh:
             fh.write("\n".join(" ".join(s) for s in sents) + "\n")
     return rec, train_glob, vocab_file, evals
-
-
-def write_vocab(train_glob, workdir):
-    """The 20,000 most frequent training words (and the specials) -> WORKDIR/vocab.txt."""
-    from elmo_jax.data import vocab_from_files
-
-    vocab, stats = vocab_from_files(train_glob, max_vocab=20000)
-    vocab_file = os.path.join(workdir, "vocab.txt")
-    vocab.to_file(vocab_file)
-    print(f"vocabulary: {len(vocab)} entries, {stats['tokens']} training tokens")
-    return vocab_file
-
-
-def train(train_glob, vocab_file, workdir, minutes):
-    from elmo_jax import training
-    from elmo_jax.config import load_config
-
-    section(f"training the tiny config for {minutes:g} minutes")
-    config = load_config(os.path.join(HERE, "configs", "tiny.json"), [
-        f"data.train_files={json.dumps(train_glob)}", f"data.vocab_file={json.dumps(vocab_file)}",
-        f"train.max_seconds={60 * minutes}", "train.log_every=50", "train.checkpoint_every=500"])
-    last = training.train_and_evaluate(config, os.path.join(workdir, "run"))
-    print(f"stopped after {last['step']} steps; last train loss {last.get('train_loss', 0):.3f}")
-    return last
 
 
 def evaluate(workdir, evals):
@@ -128,27 +99,6 @@ def neighbours(elmo, rec, vocab_words):
             for sim, i, k in explore.contextual_neighbours(elmo, tokens, j, pool, where, vecs,
                                                            layer=top, k=3):
                 print(f"     {sim:.2f}  {explore.snippet(pool[i], k)}")
-
-
-def plot_curve(workdir, out_png, ppl, title="tiny ELMo on Brown + SOTU"):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "run", "metrics.jsonl"))]
-    train = [(r["step"], r["train_ppl"]) for r in rows if "train_ppl" in r]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(*zip(*train), label="training (sampled softmax)")
-    for name, r in ppl.items():
-        ax.scatter([r["step"]], [r["eval_ppl"]], zorder=3, label=f"held out: {name} (full softmax)")
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("perplexity")
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
 
 
 def plot_senses(elmo, rec, word, out_png, max_groups=6):
@@ -222,7 +172,7 @@ def main():
 
     section("figures")
     curve = os.path.join(args.workdir, "training_curve.png")
-    plot_curve(args.workdir, curve, ppl)
+    plot_curve(args.workdir, curve, ppl, title="tiny ELMo on Brown + SOTU")
     senses = os.path.join(args.workdir, "senses_play.png")
     n, k = plot_senses(elmo, rec, "play", senses)
     print(f"{curve}\n{senses} ({n} WordNet examples of 'play', {k} supersenses coloured)")

@@ -19,10 +19,8 @@ import time
 
 import numpy as np
 
-import demo
-from demo import section
+from demo_common import plot_curve, section, train, write_vocab
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 WORD = "方便"
 QUERIES = [("convenient", "12号地铁线马上就要开通了，以后我们出行就更加方便了。"),
            ("a suitable time", "你什么时候方便，我们一起吃个饭。")]
@@ -41,7 +39,7 @@ def prepare_data(cache_dir, workdir):
         print(f"{name:14s} tokens {json.dumps(rec[name]['tokens'])} ({time.time() - t:.0f}s)")
     train_glob = link_shards({n: rec[n]["train_files"] for n in rec},
                              os.path.join(workdir, "train"))
-    vocab_file = demo.write_vocab(train_glob, workdir)
+    vocab_file = write_vocab(train_glob, workdir)
     evals = {}
     for name, n in (("zh-news", 3000), ("peoples-daily", 1000)):
         evals[name] = os.path.join(workdir, f"eval-{name}.txt")
@@ -147,7 +145,7 @@ def main(args):
         shutil.rmtree(args.workdir, ignore_errors=True)
     os.makedirs(args.workdir, exist_ok=True)
     rec, train_glob, vocab_file, evals = prepare_data(args.cache_dir, args.workdir)
-    demo.train(train_glob, vocab_file, args.workdir, args.minutes)
+    train(train_glob, vocab_file, args.workdir, args.minutes)
     ppl = evaluate(args.workdir, train_glob, vocab_file, evals)
 
     from elmo_jax import Elmo, training
@@ -160,7 +158,7 @@ def main(args):
 
     section("figures")
     curve = os.path.join(args.workdir, "training_curve.png")
-    demo.plot_curve(args.workdir, curve, ppl, title="tiny ELMo on Chinese news + People's Daily")
+    plot_curve(args.workdir, curve, ppl, title="tiny ELMo on Chinese news + People's Daily")
     senses = os.path.join(args.workdir, "senses_fangbian.png")
     plot_fangbian(result, senses)
     print(f"{curve}\n{senses}")

@@ -27,6 +27,7 @@ import os
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 CHECKPOINT_DIR = "checkpoints"
 LEGACY_STATE_ITEM = "state"  # the layout before params/ and train/ (2026-11)
@@ -114,12 +115,14 @@ def read_params(workdir: str, step: int | None = None) -> tuple[int, dict]:
     where = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR, str(step))
     legacy = os.path.isdir(os.path.join(where, LEGACY_STATE_ITEM))
     item = os.path.join(where, LEGACY_STATE_ITEM if legacy else "params")
-    checkpointer = ocp.PyTreeCheckpointer()
+    # the item's handler, not a Checkpointer: a Checkpointer looks for the
+    # step's metadata inside the item and warns that it is not there
+    handler, item = ocp.PyTreeCheckpointHandler(), epath.Path(item)
     try:
-        tree = checkpointer.metadata(item).item_metadata.tree
+        tree = handler.metadata(item).tree
         wanted = {"params": tree["params"]} if legacy else tree
         as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
-        params = checkpointer.restore(item, args=ocp.args.PyTreeRestore(
+        params = handler.restore(item, args=ocp.args.PyTreeRestore(
             item=wanted, restore_args=as_numpy, partial_restore=legacy))
     except Exception as e:
         raise _unreadable(where, e) from None

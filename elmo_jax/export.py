@@ -81,6 +81,22 @@ def export_files(path: str | os.PathLike, options: str | os.PathLike | None = No
     return options_path, weights
 
 
+def export_lexicon(opts: ElmoOptions, options_path: str, folder: str) -> Lexicon | None:
+    """The lexicon beside an export's weights, for options that spell with one."""
+    if opts.char_cnn.spelling != "lexicon":
+        return None
+    if not os.path.exists(os.path.join(folder, LEXICON_FILE)):
+        raise FileNotFoundError(f"{options_path} spells tokens with a lexicon, and "
+                                f"{os.path.join(folder, LEXICON_FILE)} is missing")
+    lexicon = Lexicon.load(folder)
+    if (lexicon.n_characters, lexicon.n_words) != (opts.char_cnn.n_characters,
+                                                   opts.char_cnn.n_words):
+        raise LexiconError(f"{folder}: {LEXICON_FILE} has {lexicon.n_characters} character "
+                           f"and {lexicon.n_words} word rows, the options "
+                           f"{opts.char_cnn.n_characters} and {opts.char_cnn.n_words}")
+    return lexicon
+
+
 def load_export(path: str | os.PathLike, options: str | os.PathLike | None = None) -> Export:
     """Read an export folder (or a weights file with its options)."""
     options_path, weights = export_files(path, options)
@@ -94,15 +110,5 @@ def load_export(path: str | os.PathLike, options: str | os.PathLike | None = Non
             softmax = load_softmax(softmax_path, opts, len(vocab))
         except WeightsError as e:  # an optional file: the biLM still embeds
             warnings.warn(f"the softmax is left out: {e}", stacklevel=2)
-    lexicon = None
-    if opts.char_cnn.spelling == "lexicon":
-        if not os.path.exists(os.path.join(folder, LEXICON_FILE)):
-            raise FileNotFoundError(f"{options_path} spells tokens with a lexicon, and "
-                                    f"{os.path.join(folder, LEXICON_FILE)} is missing")
-        lexicon = Lexicon.load(folder)
-        if (lexicon.n_characters, lexicon.n_words) != (opts.char_cnn.n_characters,
-                                                       opts.char_cnn.n_words):
-            raise LexiconError(f"{folder}: {LEXICON_FILE} has {lexicon.n_characters} character "
-                               f"and {lexicon.n_words} word rows, the options "
-                               f"{opts.char_cnn.n_characters} and {opts.char_cnn.n_words}")
+    lexicon = export_lexicon(opts, options_path, folder)
     return Export(opts, load_weights(weights, opts), vocab, softmax, lexicon)

@@ -7,7 +7,7 @@ width, F = sum of filter counts, P projection width, D LSTM cells, L layers.
 `embed` both call: it takes the two *readings* of the input (forward, and
 backward already reversed, each read left to right) and returns every layer of
 both directions and the new state. Who makes the readings: bilm-tf's training
-streams come from `data.Batcher` (a backward reading there is the reversed
+streams come from `data.StreamBatcher` (a backward reading there is the reversed
 sentence stream, cut in windows, which no device-side flip of a window can
 produce); whole sentences (`embed`) go through `BiLM.sentences`, the one place
 that adds `<S>`/`</S>` and reverses rows on the device.

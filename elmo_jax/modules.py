@@ -69,11 +69,11 @@ class ElmoEmbedder(nn.Module):
         an export folder, a weights file with options.json beside it, a
         training workdir, an ELMoForManyLangs folder)."""
         from elmo_jax.hub import resolve
-        from elmo_jax.stored import open_model
+        from elmo_jax.stored import model_spelling
 
-        path, _ = resolve(model)  # downloads once; the weights are read again at init
-        stored = open_model(path)
-        return cls(stored.options, weights_file=path, lexicon=stored.lexicon, **kwargs)
+        path, _ = resolve(model)  # downloads once; the weights are read at init, once
+        options, lexicon = model_spelling(path)
+        return cls(options, weights_file=path, lexicon=lexicon, **kwargs)
 
     from_export = from_pretrained  # the earlier name
 

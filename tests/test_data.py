@@ -1,4 +1,4 @@
-"""Text -> bilm-tf windows (the evaluation `Batcher`): streams, targets,
+"""Text -> bilm-tf windows (`bilm_batcher.Batcher`, the tests' reference): streams, targets,
 token tables, bad text. Training's batches: test_streams.py."""
 import collections
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from elmo_jax import batch_to_char_ids
-from elmo_jax.data import Batcher, DataError, list_shards, read_sentences
+from bilm_batcher import Batcher, pad_tables
+from elmo_jax.data import DataError, list_shards, read_sentences
 from elmo_jax.vocab import build_vocab
 
 
@@ -70,7 +71,6 @@ def test_groups_hold_their_own_rows(tmp_path):
 def test_widest_filter_cuts_each_batch_to_the_spelling_the_cnn_needs():
     """Each batch's token tables end `widest_filter` characters after its longest
     spelling (`chars.trim_padding`); `pad_tables` widens them back exactly."""
-    from elmo_jax.data import pad_tables
 
     sents = [["a", "bb"], ["ccc", "x" * 30], ["dd"], ["e"] * 5, ["y" * 60, "f"]] * 2
     full = list(Batcher(iter(sents), _vocab(sents), 2, 3))

@@ -52,6 +52,20 @@ def test_linen_module_equals_embed_and_trains_only_the_mix(fixture_model, layer_
     assert np.abs(np.asarray(grads["params"]["scalar_mix_weights"])).max() > 0
 
 
+def test_from_pretrained_reads_the_weights_once(monkeypatch):
+    """The options and spelling come without the weights; `init` reads them."""
+    import elmo_jax.export
+
+    reads = []
+    real = elmo_jax.export.load_weights
+    monkeypatch.setattr(elmo_jax.export, "load_weights",
+                        lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    module = ElmoEmbedder.from_pretrained(WEIGHTS)
+    assert reads == []
+    module.init(jax.random.PRNGKey(0), module.char_ids(SENTENCES))
+    assert reads == [WEIGHTS]
+
+
 def test_fine_tune_puts_the_bilm_among_the_params(fixture_model):
     options, params = fixture_model
     module = ElmoEmbedder(options, weights_file=WEIGHTS, fine_tune=True)

@@ -59,3 +59,5 @@ def test_wheel_installs_the_commands(tmp_path):
                     ["elmo-jax-train", "export", "--help"], ["elmo-jax-embed", "--help"]):
         text = _run([str(venv / "bin" / command[0]), *command[1:]], cwd=tmp_path, env=env).stdout
         assert "usage:" in text
+        if command[0] == "elmo-jax-embed":  # the docstring's "\n" shown as written
+            assert 'Lines end at "\\n" (or "\\r\\n") only' in text

@@ -94,3 +94,25 @@ def test_bash_and_python_blocks_run_in_order(tmp_path):
     # the AllenNLP snippet (```py, not run: AllenNLP is not a dependency) names those files
     py = [text for info, text in BLOCKS if info == "py"]
     assert any("runs/my_elmo/export/weights.hdf5" in text for text in py)
+
+
+def test_layout_names_every_module_and_top_level_file():
+    """The Layout section lists each module of the package (by file name, in
+    its folder's entry) and each top-level file and folder of the tree."""
+    layout = README.split("## Layout", 1)[1].split("```")[1]
+    named = set(re.findall(r"[\w.]+\.(?:py|ipynb|md)|[\w-]+/", layout))
+    words = set(re.findall(r"\w+", layout))  # a subpackage's entry may name its modules
+    missing = []
+    for folder, dirs, files in os.walk(os.path.join(REPO, "elmo_jax")):
+        dirs[:] = [d for d in dirs if d not in ("__pycache__", "configs")]
+        top_level = os.path.samefile(folder, os.path.join(REPO, "elmo_jax"))
+        missing += [os.path.relpath(os.path.join(folder, f), REPO) for f in files
+                    if f.endswith(".py") and f != "__init__.py" and f not in named
+                    and (top_level or f[:-3] not in words)]
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout
+    top = {p.split("/")[0] + ("/" if "/" in p else "") for p in tracked.split()}
+    hidden = {"Makefile", "README.md", "BENCHMARKS.md", "RESULTS.md", "pyproject.toml",
+              "requirements.txt", "requirements-accelerators.txt"}  # described elsewhere
+    missing += sorted(t for t in top if not t.startswith(".") and t not in hidden
+                      and t not in named and t + "/" not in named)  # configs: a link
+    assert missing == []

@@ -3,6 +3,7 @@
 command writes one JSON line per input line. Marked e2e (trains a tiny model)."""
 import dataclasses
 import json
+import logging
 import math
 import os
 import subprocess
@@ -122,3 +123,13 @@ def test_every_form_of_a_stored_model_opens_the_same_and_builds_nothing_of_train
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
     with pytest.raises(ConfigError, match="training workdir"):
         elmo_jax.open_model(str(d / "run"), options=str(d / "export" / "options.json"))
+
+
+def test_export_says_nothing_but_its_result(trained, caplog):
+    """Reading a checkpoint's params for export logs no warning (orbax's
+    "Metadata file does not exist" came from opening an item as a step)."""
+    files, d = trained
+    with caplog.at_level(logging.INFO):
+        training.export(str(d / "run"), str(d / "export-again"))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert (d / "export-again" / "weights.hdf5").exists()

@@ -3,6 +3,7 @@ the exact full softmax, which equals the evaluation loss of the same parameters
 on the same batch (no dropout)."""
 import collections
 import math
+import types
 
 import jax
 import numpy as np
@@ -10,12 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bilm_batcher import Batcher
 from conftest import grammar_sentences, tiny_options_dict
 from elmo_jax import ElmoOptions
 from elmo_jax.config import TrainConfig
-from elmo_jax.data import Batcher
 from elmo_jax.model import init_state
 from elmo_jax.softmax import PAD_BIAS
+from elmo_jax.training.partitioning import check_divisible
 from elmo_jax.training.steps import eval_step, init_train_state, loss_fn
 from elmo_jax.vocab import build_vocab
 
@@ -149,3 +151,11 @@ def test_the_largest_batch_search_finds_the_edge_of_a_monotone_fit(edge, start, 
     best = max([r for r in range(multiple, limit + 1, multiple) if r <= edge], default=0)
     assert found == best
     assert len(probes) <= 2 * math.log2(max(limit, start) / multiple + 2) + 3
+
+
+def test_a_batch_that_does_not_split_names_the_devices_and_the_process():
+    options = ElmoOptions.from_dict(dict(tiny_options_dict(), batch_size=8))
+    three_devices = types.SimpleNamespace(size=3, shape={"model": 1})
+    with pytest.raises(ValueError, match=r"batch_size 8 must divide evenly over the 3 devices "
+                                         r"and 1 process$"):
+        check_divisible(options, 100, three_devices)

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bilm_batcher import Batcher
 from conftest import FIXTURES, REPO
 from elmo_jax import batch_to_char_ids
 from elmo_jax.chars import BOW_CHAR, EOW_CHAR, PAD_CHAR
-from elmo_jax.data import Batcher, DataError, TokenCorpus, read_sentences
+from elmo_jax.data import DataError, TokenCorpus, read_sentences
 from elmo_jax.files import split_lines
 from elmo_jax.vocab import EOS, BOS, build_vocab
 

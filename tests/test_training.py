@@ -296,7 +296,8 @@ def test_bad_inputs_fail_clearly(tmp_path):
     files = write_grammar_corpus(tmp_path / "data")
     config = tiny(max_steps=2)
     (tmp_path / "empty.txt").write_text("\n")
-    with pytest.raises(DataError, match="the corpus is empty"):
+    with pytest.raises(DataError,
+                       match="no training sentences in .*empty.txt: the corpus is empty"):
         run(config, str(tmp_path / "empty.txt"), files["vocab.txt"],
                        str(tmp_path / "w1"))
     (tmp_path / "nospecials.txt").write_text("the\ndog\n")
@@ -325,6 +326,10 @@ def test_corrupt_checkpoint_is_a_clear_error_and_nothing_is_overwritten(tmp_path
     config = tiny(max_steps=2)
     work = str(tmp_path / "run")
     run(config, files["train.txt"], files["vocab.txt"], work)
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(DataError,
+                       match="no held-out sentences in .*empty.txt: the corpus is empty"):
+        training.evaluate_workdir(work, str(tmp_path / "empty.txt"))
     for path in glob.glob(os.path.join(work, "checkpoints", "2", "params", "**"), recursive=True):
         if os.path.isfile(path):
             with open(path, "wb") as fh:

@@ -15,7 +15,8 @@ A row's stream depends on nothing but r, B and the seed, so where a run is
 in its data is one number per row (`cursors`: the row's next item and the
 offset in it) plus the batches made: a checkpoint of any number of processes
 resumes on any other number, reading exactly the text an uninterrupted run
-reads. The windows are bilm-tf's (`batches.py`): a sentence of n words gives
+reads. The windows are bilm-tf's (`tests/bilm_batcher.py` makes them as
+bilm-tf does, the tests' reference): a sentence of n words gives
 n + 1 positions; forward reads `<S> w1 .. wn`, predicting `w1 .. </S>`, and
 backward reads `</S> wn .. w1`, predicting `wn .. <S>`, position by position
 alongside.
@@ -24,6 +25,21 @@ Shapes (`TableShapes`): a batch's token tables have one of at most two row
 counts and two character widths, fixed before training (at most 4 train
 programs, all compiled before step 1): the small ones cover the batches of a
 sample with a margin, the large ones every batch there can be.
+
+A batch is a dict of numpy arrays:
+    token_chars [S, N, C] int32  the distinct tokens of each of S row groups
+                                 (one per data-parallel shard), spelled as char
+                                 ids; row 0 is the all-zero padding token. With
+                                 `widest_filter`, C is cut to what the character
+                                 CNN needs (`chars.trim_padding`): same outputs
+    token_index [2, B, U] int32  forward and backward readings: which row of
+                                 its group's table each position holds
+    targets     [2, B, U] int32  the next token of each reading (vocabulary ids)
+    mask        [B, U]    bool   False only where an evaluation stream ran dry
+
+Both readings of a window, and neighbouring windows, repeat the same words;
+encoding each distinct token once makes the character CNN 2-3 times cheaper.
+Rows b of group s are s * B/S .. (s + 1) * B/S - 1.
 """
 from __future__ import annotations
 
@@ -55,10 +71,10 @@ class TokenCorpus:
     """
 
     def __init__(self, spellings: list[str], tokens: np.ndarray, starts: np.ndarray,
-                 lengths: np.ndarray, files: list[str] | None = None):
-        if len(starts) == 0:
-            where = ", ".join(files) if files else "the training text"
-            raise DataError(f"no sentences in {where}: the corpus is empty")
+                 lengths: np.ndarray, files: list[str] | None = None, what: str = "training"):
+        if len(starts) == 0:  # `what` names the corpus in the error: "training", "held-out"
+            where = ", ".join(files) if files else f"the {what} text"
+            raise DataError(f"no {what} sentences in {where}: the corpus is empty")
         self.spellings, self.tokens, self.starts, self.lengths = spellings, tokens, starts, lengths
         self.files = files or []
         self.source_folder: str | None = None  # the prepared folder it was loaded from
@@ -67,7 +83,7 @@ class TokenCorpus:
         return len(self.starts)
 
     @classmethod
-    def from_sentences(cls, sentences, files=None) -> "TokenCorpus":
+    def from_sentences(cls, sentences, files=None, what: str = "training") -> "TokenCorpus":
         """From an iterable of token lists (empty ones skipped)."""
         ids = {"": PAD_ID, BOS: BOS_ID, EOS: EOS_ID}
         chunks, lengths = [], []
@@ -84,14 +100,14 @@ class TokenCorpus:
         spellings = [""] * len(ids)
         for w, i in ids.items():
             spellings[i] = w
-        return cls(spellings, tokens, starts, lengths, files)
+        return cls(spellings, tokens, starts, lengths, files, what)
 
     @classmethod
-    def from_files(cls, pattern: str) -> "TokenCorpus":
+    def from_files(cls, pattern: str, what: str = "training") -> "TokenCorpus":
         """Text shards (sentence per line, read as bilm-tf reads them), in
         sorted order."""
         paths = list_shards(pattern)
-        return cls.from_sentences((s for p in paths for s in read_sentences(p)), paths)
+        return cls.from_sentences((s for p in paths for s in read_sentences(p)), paths, what)
 
     def save(self, out_dir: str) -> dict:
         """As memory-mappable numpy arrays in `out_dir` (each file written whole)."""
@@ -178,28 +194,45 @@ def spell_all(spellings: list[str], max_chars: int) -> np.ndarray:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
 class SpellingTables:
-    """Per spelling: its character ids [K, C] (uint16), the width the
-    character CNN needs of it (`chars.trim_padding`'s L + widest filter), and
-    its vocabulary id. With a `lexicon` (ELMoForManyLangs' spelling,
-    `lexicon.py`) the ids are the lexicon's [K, C (+1: the word id)] int32,
-    never cut (`max_chars` is then that width)."""
+    """Per spelling: its character ids `chars` [K, C] (uint16), the `width`
+    [K] the character CNN needs of it (`chars.trim_padding`'s L + widest
+    filter), and its vocabulary id `vocab_ids` [K]. With a `lexicon`
+    (ELMoForManyLangs' spelling, `lexicon.py`) the ids are the lexicon's
+    [K, C (+1: the word id)] int32, never cut (`max_chars` is then that width)."""
+    chars: np.ndarray
+    width: np.ndarray
+    vocab_ids: np.ndarray
+    max_chars: int
 
-    def __init__(self, spellings: list[str], vocab: Vocabulary, max_chars: int,
-                 widest_filter: int = 0, lexicon=None):
+    _ARRAYS = ("chars", "width", "vocab_ids")
+
+    @classmethod
+    def spell(cls, spellings: list[str], vocab: Vocabulary, max_chars: int,
+              widest_filter: int = 0, lexicon=None) -> "SpellingTables":
+        vocab_ids = vocab.encode(spellings).astype(np.int32)
         if lexicon is not None:
-            self.chars = lexicon.spell_all(spellings, max_chars)
-            self.max_chars = self.chars.shape[1]
-            self.width = np.full(len(spellings), self.max_chars, np.int32)
-            self.width[PAD_ID] = 0
-            self.vocab_ids = vocab.encode(spellings).astype(np.int32)
-            return
-        self.chars = spell_all(spellings, max_chars)
-        last = np.where(self.chars == EOW_CHAR + 1, np.arange(1, max_chars + 1), 0).max(axis=1)
-        self.width = np.minimum(max_chars, last + widest_filter).astype(np.int32)
-        self.width[PAD_ID] = 0
-        self.vocab_ids = vocab.encode(spellings).astype(np.int32)
-        self.max_chars = max_chars
+            chars = lexicon.spell_all(spellings, max_chars)
+            width = np.full(len(spellings), chars.shape[1], np.int32)
+            width[PAD_ID] = 0
+            return cls(chars, width, vocab_ids, chars.shape[1])
+        chars = spell_all(spellings, max_chars)
+        last = np.where(chars == EOW_CHAR + 1, np.arange(1, max_chars + 1), 0).max(axis=1)
+        width = np.minimum(max_chars, last + widest_filter).astype(np.int32)
+        width[PAD_ID] = 0
+        return cls(chars, width, vocab_ids, max_chars)
+
+    def save(self, folder: str) -> None:
+        """As .npy files in `folder` (for `load` in another process)."""
+        for name in self._ARRAYS:
+            np.save(os.path.join(folder, f"{name}.npy"), getattr(self, name))
+
+    @classmethod
+    def load(cls, folder: str, max_chars: int) -> "SpellingTables":
+        """The tables `save` wrote, memory-mapped (processes share the page cache)."""
+        return cls(*(np.load(os.path.join(folder, f"{name}.npy"), mmap_mode="r")
+                     for name in cls._ARRAYS), max_chars)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +272,7 @@ class StreamBatcher:
     `next_parts()` gives a batch whose token tables are not yet padded (with
     what shape it needs); `assemble` pads it to the shape agreed on;
     `next(batcher)` does both with the batch's own shape. The dict is
-    `batches.Batcher`'s (its docstring); `mask` is all True in training. With
+    the batch layout of this module's docstring; `mask` is all True in training. With
     `once` (evaluation) the corpus is read once, in order: row r reads
     sentences r, r + B, ... and then only padding (mask False), for
     `batches_once` windows."""
@@ -258,8 +291,8 @@ class StreamBatcher:
             raise DataError(f"rows {start}..{stop} are not whole groups of {self.per_group}")
         self.rows = np.arange(start, stop, dtype=np.int64)
         self.seed, self.once = seed, once
-        self.tables = tables or SpellingTables(corpus.spellings, vocab, max_chars, widest_filter,
-                                               lexicon)
+        self.tables = tables or SpellingTables.spell(corpus.spellings, vocab, max_chars,
+                                                     widest_filter, lexicon)
         self.shapes = shapes or table_shapes(self)
         self._perms: dict[int, np.ndarray] = {}
         self._scratch: np.ndarray | None = None  # [groups * spellings] for the token tables

@@ -26,24 +26,11 @@ def _relay(from_worker, to_main) -> None:
         return
 
 
-def _save_tables(tables: SpellingTables, folder: str) -> None:
-    for name in ("chars", "width", "vocab_ids"):
-        np.save(os.path.join(folder, f"{name}.npy"), getattr(tables, name))
-
-
-def _load_tables(folder: str, max_chars: int) -> SpellingTables:
-    tables = SpellingTables.__new__(SpellingTables)
-    for name in ("chars", "width", "vocab_ids"):
-        setattr(tables, name, np.load(os.path.join(folder, f"{name}.npy"), mmap_mode="r"))
-    tables.max_chars = max_chars
-    return tables
-
-
 def _input_worker(out, folder, kwargs, position):
     """One input process: its rows' parts, each with its rows' position after it."""
     try:
         corpus = TokenCorpus.load(os.path.join(folder, "corpus"))
-        tables = _load_tables(folder, kwargs["max_chars"])
+        tables = SpellingTables.load(folder, kwargs["max_chars"])
         batcher = StreamBatcher(corpus, None, tables=tables, **kwargs)
         batcher.restore(position)
         while True:
@@ -71,7 +58,7 @@ class ParallelStreamBatcher:
             corpus.save(os.path.join(self.folder, "corpus"))
         else:
             os.symlink(os.path.abspath(corpus.source_folder), os.path.join(self.folder, "corpus"))
-        _save_tables(batcher.tables, self.folder)
+        batcher.tables.save(self.folder)
         rows = np.array_split(batcher.rows, workers)
         self.kwargs = [dict(batch_size=batcher.B, unroll_steps=batcher.U,
                             max_chars=batcher.tables.max_chars, n_groups=batcher.S,

@@ -124,7 +124,8 @@ def state_shardings(abstract_state: TrainState, mesh: Mesh) -> TrainState:
 
 
 def batch_shardings(mesh: Mesh) -> dict:
-    """Shardings of `data.Batcher`'s dict: one row group (and its token table) per device."""
+    """Shardings of a batch (`data.streams`' layout): one row group (and its
+    token table) per device."""
     return {"token_chars": NamedSharding(mesh, P(ROWS)),
             "token_index": NamedSharding(mesh, P(None, ROWS)),
             "targets": NamedSharding(mesh, P(None, ROWS)),
@@ -178,8 +179,9 @@ def check_divisible(options: ElmoOptions, vocab_size: int, mesh: Mesh) -> None:
     """The batch splits over data shards and processes, the softmax rows over `model`."""
     n_rows, n_model = mesh.size, mesh.shape["model"]
     if options.batch_size % n_rows or n_rows % jax.process_count():
+        processes = "1 process" if jax.process_count() == 1 else f"{jax.process_count()} processes"
         raise ValueError(f"batch_size {options.batch_size} must divide evenly over the "
-                         f"{n_rows} devices and {jax.process_count()} processes")
+                         f"{n_rows} devices and {processes}")
     if softmax_rows(vocab_size) % n_model:
         raise ValueError(f"the softmax's {softmax_rows(vocab_size)} rows (the vocabulary, "
                          f"padded to a multiple of {SOFTMAX_ROW_MULTIPLE}) do not divide over "

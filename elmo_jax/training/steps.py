@@ -7,7 +7,7 @@ output, the softmax shared by both directions, trained with the sampled softmax
 and evaluated with the full one, and the LSTM state carried from one window to
 the next (cut from the gradient at the window boundary).
 
-A batch is `data.Batcher`'s dict (its docstring gives the layout).
+A batch is `data.StreamBatcher`'s dict (`data/streams.py`'s docstring gives the layout).
 """
 from __future__ import annotations
 

@@ -1,35 +1,19 @@
-"""Sentences -> training windows, as bilm-tf's `_get_batch` makes them.
+"""bilm-tf's `_get_batch` windows over any sentences, in plain Python: the
+tests' reference for `data.StreamBatcher`'s batches (the batch layout is in
+`elmo_jax/data/streams.py`'s docstring).
 
-The *batcher* keeps `B` parallel streams: each row takes the
-next sentence when its current one is used up, so the LSTM state of a row
-carries meaning from one window of `unroll_steps` to the next.
-
-Each sentence `w1 .. wn` is read as `<S> w1 .. wn </S>` by the forward model
-and `</S> wn .. w1 <S>` by the backward one. Following bilm-tf, a sentence of
-n words gives n + 1 positions: the inputs are the sequence without its last
-token and the targets are the sequence without its first.
-
-A batch is a dict of numpy arrays:
-    token_chars [S, N, C] int32  the distinct tokens of each of S row groups
-                                 (one per data-parallel shard), spelled as char
-                                 ids; row 0 is the all-zero padding token. With
-                                 `widest_filter`, C is cut to what the character
-                                 CNN needs (`chars.trim_padding`): same outputs
-    token_index [2, B, U] int32  forward and backward readings: which row of
-                                 its group's table each position holds
-    targets     [2, B, U] int32  the next token of each reading (vocabulary ids)
-    mask        [B, U]    bool   False only where an evaluation stream ran dry
-
-Both readings of a window, and neighbouring windows, repeat the same words;
-encoding each distinct token once makes the character CNN 2-3 times cheaper.
-Rows b of group s are s * B/S .. (s + 1) * B/S - 1.
+The batcher keeps `B` parallel streams: each row takes the next sentence
+when its current one is used up, so the LSTM state of a row carries meaning
+from one window of `unroll_steps` to the next. A sentence of n words gives
+n + 1 positions: the inputs are the sequence without its last token and the
+targets are the sequence without its first.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from elmo_jax.chars import MAX_CHARS, PAD_CHAR, token_to_char_ids, trim_padding
-from elmo_jax.data.sources import DataError
+from elmo_jax.data import DataError
 from elmo_jax.shapes import round_up
 from elmo_jax.vocab import BOS, EOS, Vocabulary
 

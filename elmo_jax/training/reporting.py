@@ -1,0 +1,159 @@
+"""What a training run reports as it goes: the metrics window (the devices'
+numbers read only on log, save and evaluation steps), the progress bar, the
+profile window, and the count of programs compiled since step 1."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+import jax
+
+from elmo_jax.config import profile_window
+
+_COMPILED = [0]  # programs XLA compiled in this process (JAX's monitoring events)
+
+
+def _count_compile(event: str, duration: float, **kwargs) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILED[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+class CompileCount:
+    """Programs compiled since step 1 was dispatched: a program compiled then
+    stalls the devices (`compiled_since_step_1`, 0 in a healthy run)."""
+
+    def __init__(self):
+        self.before: int | None = None
+
+    def step_dispatched(self) -> None:
+        if self.before is None:
+            self.before = _COMPILED[0]
+
+    def since_step_1(self) -> dict:
+        """{"compiled_since_step_1": n} once step 1 is dispatched, else {}."""
+        if self.before is None:
+            return {}
+        return {"compiled_since_step_1": _COMPILED[0] - self.before}
+
+
+def say(message: str) -> None:
+    """A line on stderr that leaves the progress bar whole."""
+    from tqdm import tqdm
+
+    tqdm.write(message, file=sys.stderr)
+
+
+class MetricsWindow:
+    """Training metrics since the last log record; the devices' numbers are
+    read only when the loop asks (`read`: on log, save and evaluation steps)."""
+
+    def __init__(self, t_start: float):
+        self.t_start = t_start
+        self.unread: list = []  # (step, batch number, device metrics)
+        self.reset(t_start)
+
+    def reset(self, now: float) -> None:
+        self.t, self.tokens, self.loss, self.n, self.last = now, 0, 0.0, 0, None
+
+    def add(self, step: int, number: int, metrics: dict, tokens: int) -> None:
+        self.unread.append((step, number, metrics))
+        self.tokens += tokens
+
+    def read(self) -> tuple[int, int, float] | None:
+        """Fetch the unread steps' metrics (one transfer); the first
+        non-finite loss's (step, batch number, loss), else None."""
+        fetched = jax.device_get([m for _, _, m in self.unread])
+        try:
+            for (step, number, _), m in zip(self.unread, fetched):
+                loss = float(m["loss"])
+                if not math.isfinite(loss):
+                    return step, number, loss
+                self.loss, self.n, self.last = self.loss + loss, self.n + 1, m
+            return None
+        finally:
+            self.unread = []
+
+    def record(self, step: int) -> dict:
+        """The log record of the steps read since the last one."""
+        now = time.time()
+        mean = self.loss / max(self.n, 1)
+        m = self.last
+        out = {"step": step, "train_loss": mean, "train_ppl": math.exp(min(mean, 50.0)),
+               "loss_forward": float(m["loss_forward"]),
+               "loss_backward": float(m["loss_backward"]),
+               "grad_norm": float(m["grad_norm"]),
+               "tokens_per_sec": self.tokens / max(now - self.t, 1e-9),
+               "elapsed_sec": now - self.t_start}
+        self.reset(now)
+        return out
+
+
+class Progress:
+    """The progress bar: over steps, or over seconds when only the time limit
+    ends the run (its total and ETA then come from the limit)."""
+
+    def __init__(self, step: int, max_steps: float, max_seconds: float | None, enabled: bool):
+        from tqdm import tqdm
+
+        self.by_time = max_steps == math.inf and max_seconds is not None
+        common = dict(disable=not enabled or jax.process_index() != 0, dynamic_ncols=True,
+                      mininterval=0.5 if sys.stderr.isatty() else 30.0)
+        if self.by_time:
+            self.bar = tqdm(total=max_seconds, unit="s", **common, bar_format=(
+                "{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]"))
+        else:
+            self.bar = tqdm(total=None if max_steps == math.inf else max_steps, initial=step,
+                            unit="step", **common)
+        self.t0, self.postfix, self.step = time.time(), {}, step
+
+    def set(self, **postfix) -> None:
+        """New numbers beside the bar."""
+        self.postfix.update(postfix)
+        self.bar.set_postfix(refresh=False, **({"step": self.step} if self.by_time else {}),
+                             **self.postfix)
+
+    def update(self, step: int, **postfix) -> None:
+        self.postfix.update(postfix)
+        self.step = step
+        if self.by_time:
+            self.bar.set_postfix(refresh=False, step=step, **self.postfix)
+            self.bar.update(min(time.time() - self.t0, self.bar.total) - self.bar.n)
+        else:
+            if postfix:
+                self.bar.set_postfix(refresh=False, **self.postfix)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class ProfileWindow:
+    """A profiler trace of steps `train.profile_steps` ("first:last") into the
+    run's TensorBoard folder."""
+
+    def __init__(self, profile_steps: str | None, workdir: str):
+        self.window = profile_window(profile_steps)
+        self.folder = os.path.join(workdir, "tensorboard")
+        self.tracing = False
+
+    def before(self, step: int) -> None:
+        """Called before `step` is dispatched."""
+        if self.window and step == self.window[0] and not self.tracing:
+            jax.profiler.start_trace(self.folder)
+            self.tracing = True
+
+    def after(self, step: int, state) -> None:
+        """Called after `step` is dispatched: the trace ends once it has run."""
+        if self.tracing and step >= self.window[1]:
+            jax.block_until_ready(state)
+            self.close()
+
+    def close(self) -> None:
+        if self.tracing:
+            jax.profiler.stop_trace()
+            self.tracing = False

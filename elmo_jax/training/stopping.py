@@ -1,0 +1,75 @@
+"""When a run stops, and when it saves by wall time: SIGINT or SIGTERM, the
+time limit, `train.checkpoint_every_seconds`, decided by every process alike
+(`pod.Decisions`)."""
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+
+from elmo_jax.config import TrainConfig
+from elmo_jax.training.pod import Decisions
+from elmo_jax.training.reporting import say
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """{"signal": None} until SIGINT or SIGTERM arrives (a second one acts as usual)."""
+    stop, handlers = {"signal": None}, {}
+
+    def request_stop(signum, frame):
+        stop["signal"], stop["at"] = signum, time.time()
+        signal.signal(signum, handlers[signum])
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            handlers[sig] = signal.signal(sig, request_stop)
+        except ValueError:  # not the main thread
+            pass
+    try:
+        yield stop
+    finally:
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+
+
+class StopPolicy:
+    """Polled at the end of every step: `why` the run stops there (None: it
+    goes on), `signalled` when a signal (here or in another process) is the
+    reason, and whether a timed save is due."""
+
+    def __init__(self, config: TrainConfig, requests: dict):
+        self.max_seconds, self.save_every = config.max_seconds, config.checkpoint_every_seconds
+        self.requests = requests  # from stop_requests()
+        self.decisions = Decisions(config.decide_every)
+        self.t_start = self.last_save = time.time()
+        self.why: str | None = None
+        self.signalled = False
+
+    def poll(self, step: int) -> bool:
+        """At the end of `step`: whether every process saves a checkpoint now
+        by wall time (sets `why` and `signalled`)."""
+        sig = self.requests["signal"]
+        timed_out = self.max_seconds is not None and time.time() - self.t_start > self.max_seconds
+        why = (("SIGINT" if sig == signal.SIGINT else "SIGTERM") if sig
+               else "time limit" if timed_out else None)
+        save_due = self.save_every is not None and time.time() - self.last_save > self.save_every
+        self.why, timed_save = self.decisions.poll(step, why, save_due)
+        self.signalled = self.why is not None and not self.why.endswith("time limit")
+        if self.signalled:  # another process's notice reaches this one now
+            self.requests.setdefault("at", time.time())
+        return timed_save
+
+    def saved(self) -> None:
+        self.last_save = time.time()
+
+    def report(self, step: int, log) -> None:
+        """Say why the run stopped at `step` (its checkpoint saved), and record
+        a signal's stop in the metrics log."""
+        took = (f" {time.time() - self.requests['at']:.1f} s after the signal, without "
+                "evaluating" if self.signalled else "")
+        say(f"stopped at step {step} ({self.why}){took}; checkpoint saved. Run the same command "
+            "again to resume.")
+        if self.signalled:
+            log.write({"step": step, "event": "stopped", "signal": self.why,
+                       "stop_seconds": round(time.time() - self.requests["at"], 2)})
