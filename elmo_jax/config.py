@@ -153,7 +153,52 @@ def config_from_dict(d: dict) -> Config:
             raise ConfigError(f"model.learning_rate ({model.learning_rate}, bilm-tf's option) and "
                               f"train.learning_rate ({stated}) disagree: set only one")
         train = dataclasses.replace(train, learning_rate=model.learning_rate)
+    check_ranges(train)
     return Config(model=model, train=train, data=data, description=d.get("description", ""))
+
+
+# (field, the smallest value it takes, whether that value itself is allowed,
+# what the bound means); None fields are "off" and not checked
+_RANGES = [
+    ("learning_rate", 0, True, "a negative rate climbs the loss"),
+    ("initial_accumulator_value", 0, False, "Adagrad divides by its square root"),
+    ("max_steps", 1, True, "a run of no steps does nothing; leave it out for no limit"),
+    ("max_seconds", 0, False, "leave it out for no time limit"),
+    ("log_every", 1, True, "steps between log records"),
+    ("eval_every", 0, True, "0 evaluates at the end only"),
+    ("checkpoint_every", 1, True, "steps between checkpoints"),
+    ("checkpoint_every_seconds", 0, False, "null turns timed saves off"),
+    ("max_to_keep", 1, True, "with none kept a rerun would start again from step 0"),
+    ("nonfinite_skips", 0, True, "0 stops at the first non-finite loss"),
+    ("eval_batch_size", 1, True, "held-out streams"),
+    ("eval_unroll_steps", 1, True, "held-out window length"),
+    ("mesh_model", 0, True, "0 chooses by the vocabulary's size"),
+    ("softmax_chunk", 1, True, "vocabulary rows per chunk"),
+    ("input_workers", 0, True, "0 makes batches in the training process"),
+    ("decide_every", 1, True, "steps between looking up an agreed stop"),
+    ("scan_unroll", 1, True, "LSTM steps per scan iteration"),
+]
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def check_ranges(train: TrainConfig) -> None:
+    """Every train setting in its valid range, or one ConfigError listing each
+    one out of range (a line each), before anything is compiled or written."""
+    bad = []
+    for name, low, inclusive, why in _RANGES:
+        value = getattr(train, name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            bad.append(f"'train.{name}' must be a number, got {value!r}")
+        elif value < low or (value == low and not inclusive):
+            bound = f">= {low}" if inclusive else f"> {low}"
+            bad.append(f"'train.{name}' must be {bound} ({why}), got {value!r}")
+    if train.compute_dtype not in COMPUTE_DTYPES:
+        bad.append(f"'train.compute_dtype' must be one of {', '.join(COMPUTE_DTYPES)}, "
+                   f"got {train.compute_dtype!r}")
+    if bad:
+        raise ConfigError("\n".join(bad))
 
 
 TRANSFER_GUARDS = ("allow", "log", "disallow", "log_explicit", "disallow_explicit")
@@ -225,7 +270,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
     try:
         return config_from_dict(apply_overrides(d, overrides))
     except (ConfigError, TypeError) as e:
-        raise ConfigError(f"{path}: {e}") from None
+        raise ConfigError("\n".join(f"{path}: {line}" for line in str(e).splitlines())) from None
 
 
 def save_config(config: Config, path: str | os.PathLike) -> None:

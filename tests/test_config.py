@@ -103,3 +103,44 @@ def test_bilm_tf_learning_rate_is_honoured_or_refused():
     assert config_from_dict(config.to_dict()) == config
     with pytest.raises(ConfigError, match="disagree"):
         config_from_dict({"model": dict(raw, learning_rate=0.05), "train": {"learning_rate": 0.2}})
+
+
+@pytest.mark.parametrize("field,value,ok", [
+    ("learning_rate", -0.2, False), ("learning_rate", 0, True),
+    ("initial_accumulator_value", 0, False), ("max_steps", 0, False), ("max_steps", -5, False),
+    ("max_steps", 1, True), ("max_seconds", 0, False), ("log_every", 0, False),
+    ("checkpoint_every", 0, False), ("checkpoint_every_seconds", 0, False),
+    ("checkpoint_every_seconds", None, True), ("max_to_keep", 0, False),
+    ("max_to_keep", 1, True), ("eval_every", -1, False), ("eval_every", 0, True),
+    ("eval_batch_size", 0, False), ("nonfinite_skips", -1, False), ("decide_every", 0, False),
+    ("input_workers", -1, False), ("log_every", "10", False), ("compute_dtype", "float16", False)])
+def test_each_train_setting_is_checked_against_its_range(field, value, ok):
+    overrides = [f"train.{field}={json.dumps(value)}"]
+    if ok:
+        assert getattr(load_config("tiny", overrides).train, field) == value
+    else:
+        with pytest.raises(ConfigError, match=rf"tiny.json: 'train\.{field}' must be .*got {value!r}"):
+            load_config("tiny", overrides)
+
+
+def test_every_setting_out_of_range_is_one_error_line_before_anything_runs(tmp_path):
+    """The issue's cases through train.py: each is named on its own line, the
+    workdir is not made, nothing compiles (the command fails in seconds)."""
+    import subprocess
+    import sys
+
+    work = tmp_path / "w"
+    r = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--config", "tiny",
+                        "--train_files", os.path.join(FIXTURES, "train", "data.txt"),
+                        "--vocab_file", os.path.join(FIXTURES, "train", "vocab.txt"),
+                        "--workdir", str(work), "--max_steps", "0", "--log_every", "0",
+                        "--checkpoint_every", "0", "--set", "train.learning_rate=-0.2",
+                        "--set", "train.max_to_keep=0"],
+                       capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and all(line.startswith("error: ") and "tiny.json: 'train." in line
+                                     for line in lines), r.stderr
+    assert [line.split("'")[1] for line in lines] == [
+        "train.learning_rate", "train.max_steps", "train.log_every", "train.checkpoint_every",
+        "train.max_to_keep"]
+    assert not work.exists()

@@ -82,36 +82,6 @@ def _train_steps(work):
         return [json.loads(line)["step"] for line in fh if "train_loss" in line]
 
 
-@pytest.mark.parametrize("how", ["sigterm", "max_seconds"])
-def test_a_stop_reaching_one_process_stops_both_at_one_step(tmp_path, how):
-    """Preemption notices and clocks reach hosts one at a time: SIGTERM to
-    process 1 only, or a time limit on process 0 only. Both stop at the same
-    step after one checkpoint; a restart of both resumes after it (checked
-    once: the restart does not depend on what stopped the run)."""
-    pattern = _sharded_corpus(tmp_path)
-    work = str(tmp_path / "run")
-    extra = ((), ()) if how == "sigterm" else (("--max_seconds", "8"), ())
-    procs = _start_two_hosts(pattern, work, 100000, checkpoint_every=10**6, extra=extra)
-    if how == "sigterm":
-        t0 = time.time()
-        while not (os.path.exists(os.path.join(work, "metrics.jsonl"))
-                   and len(_train_steps(work)) >= 3):
-            assert all(p.poll() is None for p in procs), procs[0].communicate()[1][-3000:]
-            assert time.time() - t0 < 300
-            time.sleep(0.2)
-        procs[1].send_signal(signal.SIGTERM)
-    first = _finish(procs)
-    stopped = first[0]["step"]
-    assert first[1]["step"] == stopped and stopped >= (3 if how == "sigterm" else 1)
-    assert _checkpoints(work) == [stopped]
-    if how == "max_seconds":
-        return  # the restart after a stop is the same in both cases
-    again = _finish(_start_two_hosts(pattern, work, stopped + 2))
-    assert [r["step"] for r in again] == [stopped + 2] * 2
-    steps = _train_steps(work)
-    assert steps[-2:] == [stopped + 1, stopped + 2] and steps.count(stopped + 1) == 1
-
-
 # train.py with JAX's cross-process collectives counted by the last train step
 # dispatched (0 before step 1)
 _COUNTING_COLLECTIVES = textwrap.dedent("""
@@ -143,21 +113,52 @@ _COUNTING_COLLECTIVES = textwrap.dedent("""
 """)
 
 
-def test_the_loop_issues_no_collective_between_log_and_save_steps(tmp_path):
-    """40 steps of two processes logging and saving every 20: JAX's
-    cross-process collectives run before step 1 (the workdir agreement) and
-    at steps 20 and 40 only; the batches' shapes and the stop checks go
-    through the coordination service's key-value store."""
+
+@pytest.mark.parametrize("how", ["sigterm", "max_seconds"])
+def test_a_stop_reaching_one_process_stops_both_at_one_step(tmp_path, how):
+    """Preemption notices and clocks reach hosts one at a time: SIGTERM to
+    process 1 only, or a time limit on process 0 only. Both stop at the same
+    step after one checkpoint; a restart of both resumes after it (checked
+    once: the restart does not depend on what stopped the run).
+
+    The time-limited run, logging every 10 steps, also counts JAX's
+    cross-process collectives by the train step last dispatched: they run
+    before step 1 (the workdir agreement), on log steps and at the stop's
+    save only; the batches' shapes and the stop checks go through the
+    coordination service's key-value store."""
     pattern = _sharded_corpus(tmp_path)
-    every = ("--log_every", "20")
-    procs = _start_two_hosts(pattern, str(tmp_path / "run"), 40, checkpoint_every=20,
-                             extra=(every, every), wrapper=("-c", _COUNTING_COLLECTIVES))
+    work = str(tmp_path / "run")
+    every = ("--log_every", "10")
+    extra = ((), ()) if how == "sigterm" else (("--max_seconds", "8", *every), every)
+    wrapper = ("-c", _COUNTING_COLLECTIVES) if how == "max_seconds" else ()
+    procs = _start_two_hosts(pattern, work, 100000, checkpoint_every=10**6, extra=extra,
+                             wrapper=wrapper)
+    if how == "sigterm":
+        t0 = time.time()
+        while not (os.path.exists(os.path.join(work, "metrics.jsonl"))
+                   and len(_train_steps(work)) >= 3):
+            assert all(p.poll() is None for p in procs), procs[0].communicate()[1][-3000:]
+            assert time.time() - t0 < 300
+            time.sleep(0.2)
+        procs[1].send_signal(signal.SIGTERM)
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-        line = next(x for x in err.splitlines() if x.startswith("COLLECTIVES "))
-        steps = {step for step, _ in json.loads(line.split(" ", 1)[1])}
-        assert 0 in steps and steps <= {0, 20, 40}, steps
+    first = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    stopped = first[0]["step"]
+    # a stop is agreed 2 x train.decide_every (10) steps after it is proposed
+    assert first[1]["step"] == stopped and stopped >= (3 if how == "sigterm" else 20)
+    assert _checkpoints(work) == [stopped]
+    if how == "max_seconds":
+        for _, err in outs:
+            line = next(x for x in err.splitlines() if x.startswith("COLLECTIVES "))
+            steps = {step for step, _ in json.loads(line.split(" ", 1)[1])}
+            assert 0 in steps and steps <= {0, stopped, *range(10, stopped + 1, 10)}, steps
+        return  # the restart after a stop is the same in both cases
+    again = _finish(_start_two_hosts(pattern, work, stopped + 2))
+    assert [r["step"] for r in again] == [stopped + 2] * 2
+    steps = _train_steps(work)
+    assert steps[-2:] == [stopped + 1, stopped + 2] and steps.count(stopped + 1) == 1
 
 
 def _losses(work):

@@ -40,7 +40,7 @@ def _embed_cli():
     return module
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(lines, max_size=8), st.sampled_from(["\n", "\r\n"]), st.booleans())
 def test_embed_writes_one_entry_per_line(text_lines, newline, final_newline):
     text = newline.join(text_lines) + (newline if final_newline and text_lines else "")

@@ -34,7 +34,8 @@ def run_cli(main) -> None:
     except (ConfigError, DataError, OptionsError, RecipeError, VocabError, WeightsError,
             TrainingError, TargetError, CheckpointError, FileNotFoundError, UnicodeError,
             DownloadError, LexiconError, SegmentationError, TorchPickleError, StoreError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        for line in str(e).splitlines() or [""]:  # several faults: a line each
+            print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
 
 

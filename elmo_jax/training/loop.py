@@ -27,7 +27,7 @@ import jax
 
 from elmo_jax import checkpoints
 from elmo_jax import data as data_lib
-from elmo_jax.config import Config, ConfigError
+from elmo_jax.config import Config, ConfigError, check_ranges
 from elmo_jax.hub import use_compilation_cache
 from elmo_jax.options import ElmoOptions
 from elmo_jax.stored import StoredModel, read_run
@@ -134,6 +134,7 @@ def check_before_training(config: Config, vocab: Vocabulary, mesh, source=None) 
     every time and lose the steps since its last checkpoint): the batch, the
     evaluation batch and the softmax against the mesh, the model axis within a
     host, the files present and readable, and the step limit."""
+    check_ranges(config.train)  # a Config built in Python has not been through the reader
     try:
         check_divisible(config.model, len(vocab), mesh)
     except ValueError as e:
