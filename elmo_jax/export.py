@@ -11,7 +11,10 @@ The pair is exactly what AllenNLP's `Elmo(options_file, weight_file)` and
 bilm-tf's `BidirectionalLanguageModel` read; the softmax sits in a file of its
 own so that they load the pair unchanged. `load_export` also takes a weights
 file with its options.json beside it (the published ELMo files are named
-`*_weights.hdf5` and `*_options.json`: pass the weights file and `options=`).
+`*_weights.hdf5` and `*_options.json`: pass the weights file and `options=`),
+and the NLPL repository's folders of bilm-tf models: model.hdf5 for
+weights.hdf5, and vocab.txt or vocab.txt.gz (no softmax: the vocabulary is
+kept, and scoring says what is missing).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from typing import NamedTuple
 
 from elmo_jax.lexicon import LEXICON_FILE, Lexicon, LexiconError
 from elmo_jax.options import ElmoOptions
-from elmo_jax.vocab import Vocabulary
+from elmo_jax.vocab import VocabError, Vocabulary
 from elmo_jax.weights import (WeightsError, load_softmax, load_weights, save_softmax,
                               save_weights)
 
@@ -29,6 +32,7 @@ OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
 VOCAB_FILE = "vocab.txt"
 SOFTMAX_FILE = "softmax.hdf5"
+NLPL_WEIGHTS_FILE = "model.hdf5"  # the NLPL repository's name for the weights
 
 
 class Export(NamedTuple):
@@ -69,6 +73,8 @@ def export_files(path: str | os.PathLike, options: str | os.PathLike | None = No
     path = os.fspath(path)
     if os.path.isdir(path):
         weights = os.path.join(path, WEIGHTS_FILE)
+        if not os.path.exists(weights) and os.path.exists(os.path.join(path, NLPL_WEIGHTS_FILE)):
+            weights = os.path.join(path, NLPL_WEIGHTS_FILE)
         options_path = os.fspath(options) if options else os.path.join(path, OPTIONS_FILE)
     else:
         weights = path
@@ -77,7 +83,8 @@ def export_files(path: str | os.PathLike, options: str | os.PathLike | None = No
     for what, p in (("options file", options_path), ("weight file", weights)):
         if not os.path.exists(p):
             raise FileNotFoundError(f"{what} not found: {p} (an export folder holds "
-                                    f"{OPTIONS_FILE} and {WEIGHTS_FILE})")
+                                    f"{OPTIONS_FILE} and {WEIGHTS_FILE}; an NLPL model "
+                                f"{OPTIONS_FILE} and {NLPL_WEIGHTS_FILE})")
     return options_path, weights
 
 
@@ -102,8 +109,17 @@ def load_export(path: str | os.PathLike, options: str | os.PathLike | None = Non
     options_path, weights = export_files(path, options)
     opts = ElmoOptions.from_json(options_path)
     folder = os.path.dirname(weights)
-    vocab_path, softmax_path = (os.path.join(folder, f) for f in (VOCAB_FILE, SOFTMAX_FILE))
-    vocab = Vocabulary.from_file(vocab_path) if os.path.exists(vocab_path) else None
+    softmax_path = os.path.join(folder, SOFTMAX_FILE)
+    vocab_path = next((p for p in (os.path.join(folder, VOCAB_FILE + gz) for gz in ("", ".gz"))
+                       if os.path.exists(p)), None)
+    vocab = None
+    if vocab_path is not None:
+        try:
+            vocab = Vocabulary.from_file(vocab_path)
+        except VocabError as e:
+            if os.path.exists(softmax_path):
+                raise
+            warnings.warn(f"the vocabulary is left out (there is no softmax): {e}", stacklevel=2)
     softmax = None
     if vocab is not None and os.path.exists(softmax_path):
         try:

@@ -16,17 +16,19 @@ Everything goes under the cache, `$ELMO_JAX_CACHE`, else
     urls/KEY/             a model given by URL (KEY: a digest of its URLs)
     extracted/KEY/        a local archive's contents
 
-A file is downloaded to a temporary name beside its place and renamed there
-only when whole: its size equal to the server's Content-Length (and the
-registry's, where it records one), its sha256 equal to the registry's where
-it records one. `NAME.sha256` beside it records the digest and the URL; a file
-without one, or whose size no longer matches, is fetched again. A lock file
+A registry file's URLs are tried in order (`fetch_file`); a file published in
+parts is fetched part by part and joined. A file is downloaded to a temporary
+name beside its place and renamed there only when whole: its size equal to
+the server's Content-Length (and the registry's, where it records one), its
+MD5, SHA-1 and SHA-256 equal to the publisher's where the registry records
+them. `NAME.sha256` beside it records the digests and the URL; a file without
+one, or whose size or digests no longer match, is fetched again. A lock file
 (`fcntl.flock`) makes concurrent processes (a pod's hosts on a shared disk,
 pytest workers) download once: the others wait, then find it there.
 
 `ELMO_JAX_OFFLINE=1` (or `HF_HUB_OFFLINE=1`) uses the cache only and names
 what is missing; `ELMO_JAX_ENDPOINT=http://host:port` fetches every registry
-URL from that server at the same path (a mirror).
+URL from that server at the same path (a mirror; each alternative at its own).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -48,7 +51,7 @@ import urllib.request
 import zipfile
 
 from elmo_jax.files import write_json
-from elmo_jax.registry import REGISTRY, Published
+from elmo_jax.registry import REGISTRY, File, Published
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 _CHUNK = 1 << 20
@@ -131,23 +134,89 @@ def resolve(model: str | os.PathLike, options: str | os.PathLike | None = None,
     return path, None if options is None else os.fspath(options)
 
 
+class UnsupportedModel(ValueError):
+    """A published model of another architecture than ELMo's LSTM biLM."""
+
+
 def fetch_published(model: Published, progress: bool = True, softmax: bool = False) -> str:
     """The local folder of a registry model, downloading what is missing (the
     vocabulary and softmax only with `softmax`)."""
+    if model.kind == "unsupported":
+        raise UnsupportedModel(f"{model.name} is not supported: {model.note}")
     folder = os.path.join(cache_dir(), "models", model.name)
-    if model.kind == "manylangs":
-        url = model.url("archive")
-        archive = fetch(mirrored(url), os.path.join(folder, "archive" + _suffix(url)), model,
-                        progress=progress, shown=url)
+    if model.kind == "archive":
+        f = model.file("archive")
+        archive = fetch_file(f, os.path.join(folder, "archive" + _suffix(model.url("archive"))),
+                             model, progress)
         return _extracted(archive, os.path.join(folder, "model"))
     names = {"options": "options.json", "weights": "weights.hdf5", "vocab": "vocab.txt",
              "softmax": "softmax.hdf5"}
-    for role, url in model.files:
-        if role in ("vocab", "softmax") and not softmax:
+    for f in model.files:
+        if f.role in ("vocab", "softmax") and not softmax:
             continue
-        fetch(mirrored(url), os.path.join(folder, names[role]),
-              model if role == "weights" else None, progress=progress, shown=url)
+        fetch_file(f, os.path.join(folder, names[f.role]), model, progress)
     return folder
+
+
+def fetch_file(file: File, dest: str, model: Published | None = None,
+               progress: bool = True) -> str:
+    """`file` at `dest`: its URLs tried in order (each at the mirror, with
+    ELMO_JAX_ENDPOINT), or its parts fetched and joined; its size and digests
+    checked. When no URL gives it, one error names every URL and why, and
+    the model's note (links reported dead, copies users found)."""
+    if _cached(dest, file):
+        return dest
+    if file.parts:
+        return _joined(file, dest, model, progress)
+    failures = []
+    for url in file.urls:
+        try:
+            return fetch(mirrored(url), dest, file, progress=progress, shown=url)
+        except DownloadError as e:
+            if offline():
+                raise
+            failures.append(str(e))
+    note = f" ({model.name}: {model.note})" if model is not None and model.note else ""
+    if len(failures) == 1:
+        raise DownloadError(failures[0] + note)
+    raise DownloadError(f"no source gave {os.path.basename(dest)}: " + "; ".join(
+        f"[{i + 1}] {f}" for i, f in enumerate(failures)) + note)
+
+
+def _joined(file: File, dest: str, model: Published | None, progress: bool) -> str:
+    """A file published in parts: each part fetched and checked, then joined
+    into `dest` and the whole checked; the parts removed."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with file_lock(dest + ".lock"):
+        if _cached(dest, file):
+            return dest
+        parts = [fetch_file(p, f"{dest}.part-{i:02d}", model, progress)
+                 for i, p in enumerate(file.parts)]
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dest)}.", suffix=".part",
+                                   dir=os.path.dirname(dest))
+        try:
+            hashes = _hashes()
+            with os.fdopen(fd, "wb") as out:
+                for part in parts:
+                    with open(part, "rb") as src:
+                        for chunk in iter(lambda: src.read(_CHUNK), b""):
+                            out.write(chunk)
+                            for h in hashes.values():
+                                h.update(chunk)
+            shown = f"{file.parts[0].urls[0]} (and its {len(parts) - 1} other parts, joined)"
+            digests = _check(shown, os.path.getsize(tmp), hashes, file)
+            os.replace(tmp, dest)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        write_json(_record_path(dest), {"url": file.parts[0].urls[0], **digests,
+                                        "size": os.path.getsize(dest)})
+        for part in parts:
+            for p in (part, _record_path(part), part + ".lock"):
+                if os.path.exists(p):
+                    os.unlink(p)
+    return dest
 
 
 def _fetch_url_model(url: str, options, progress: bool) -> tuple[str, str | None]:
@@ -175,7 +244,8 @@ def _key(*parts) -> str:
 
 
 def _suffix(url: str) -> str:
-    path = urllib.parse.urlsplit(url).path.lower()
+    """The archive suffix of `url` (of the whole, for a part's `.tgz.part-00`)."""
+    path = re.sub(r"\.part-?\d+$", "", urllib.parse.urlsplit(url).path.lower())
     return next((s for s in sorted(ARCHIVE_SUFFIXES, key=len, reverse=True)
                  if path.endswith(s)), "")
 
@@ -183,13 +253,13 @@ def _suffix(url: str) -> str:
 # -- downloading -------------------------------------------------------------
 
 
-def fetch(url: str, dest: str, model: Published | None = None, progress: bool = True,
+def fetch(url: str, dest: str, expected: File | None = None, progress: bool = True,
           shown: str | None = None) -> str:
     """Download `url` to `dest` unless a whole, verified copy is there.
-    `model` gives the registry's size and sha256 to check; `shown` the URL to
-    name in messages (the registry's, when fetched from a mirror)."""
+    `expected` gives the registry's size and digests to check; `shown` the URL
+    to name in messages (the registry's, when fetched from a mirror)."""
     shown = shown or url
-    if _cached(dest, model):
+    if _cached(dest, expected):
         return dest
     if offline():
         raise DownloadError(f"offline (ELMO_JAX_OFFLINE / HF_HUB_OFFLINE is set) and {shown} "
@@ -197,10 +267,10 @@ def fetch(url: str, dest: str, model: Published | None = None, progress: bool = 
                             "copy the file there")
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     with file_lock(dest + ".lock"):
-        if _cached(dest, model):  # another process fetched it while we waited
+        if _cached(dest, expected):  # another process fetched it while we waited
             return dest
-        digest = _download(url, dest, model, progress, shown)
-        write_json(_record_path(dest), {"url": shown, "sha256": digest,
+        digests = _download(url, dest, expected, progress, shown)
+        write_json(_record_path(dest), {"url": shown, **digests,
                                         "size": os.path.getsize(dest)})
     return dest
 
@@ -209,9 +279,9 @@ def _record_path(dest: str) -> str:
     return dest + ".sha256"
 
 
-def _cached(dest: str, model: Published | None) -> bool:
+def _cached(dest: str, expected: File | None) -> bool:
     """A whole copy: there, with its record, of the recorded size (and the
-    registry's size and digest, where it has them)."""
+    registry's size and digests, where it has them)."""
     if not (os.path.exists(dest) and os.path.exists(_record_path(dest))):
         return False
     try:
@@ -222,9 +292,11 @@ def _cached(dest: str, model: Published | None) -> bool:
     size = os.path.getsize(dest)
     if record.get("size") != size:
         return False
-    if model is not None and model.size is not None and size != model.size:
+    if expected is None:
+        return True
+    if expected.size is not None and size != expected.size:
         return False
-    return model is None or model.sha256 is None or record.get("sha256") == model.sha256
+    return all(record.get(k) == v for k, v in expected.digests.items())
 
 
 @contextlib.contextmanager
@@ -238,12 +310,32 @@ def file_lock(path: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _download(url: str, dest: str, model: Published | None, progress: bool, shown: str) -> str:
+def _hashes() -> dict:
+    return {"md5": hashlib.md5(), "sha1": hashlib.sha1(), "sha256": hashlib.sha256()}
+
+
+def _check(shown: str, got: int, hashes: dict, expected: File | None) -> dict:
+    """The digests of what was fetched, after checking them and its size
+    against the registry's."""
+    digests = {k: h.hexdigest() for k, h in hashes.items()}
+    if expected is None:
+        return digests
+    if expected.size is not None and got != expected.size:
+        raise DownloadError(f"{shown}: got {got} bytes, the registry records "
+                            f"{expected.size}: not the published file; nothing was kept")
+    for kind, want in expected.digests.items():
+        if digests[kind] != want.lower():
+            raise DownloadError(f"{shown}: {kind} {digests[kind]} differs from the published "
+                                f"{want}: corrupt or not the published file; nothing was kept")
+    return digests
+
+
+def _download(url: str, dest: str, expected: File | None, progress: bool, shown: str) -> dict:
     """Stream `url` into a temporary file beside `dest`, check it, rename it
-    into place; returns its sha256. Nothing is left behind on an error."""
+    into place; returns its digests. Nothing is left behind on an error."""
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dest)}.", suffix=".part",
                                dir=os.path.dirname(dest))
-    sha, got = hashlib.sha256(), 0
+    hashes, got = _hashes(), 0
     try:
         with os.fdopen(fd, "wb") as out, _open_url(url, shown) as resp:
             total = resp.headers.get("Content-Length")
@@ -265,7 +357,8 @@ def _download(url: str, dest: str, model: Published | None, progress: bool, show
                     if not chunk:
                         break
                     out.write(chunk)
-                    sha.update(chunk)
+                    for h in hashes.values():
+                        h.update(chunk)
                     got += len(chunk)
                     bar.update(len(chunk))
             finally:
@@ -273,16 +366,9 @@ def _download(url: str, dest: str, model: Published | None, progress: bool, show
         if total is not None and got != total:
             raise DownloadError(f"{shown}: got {got} bytes, the server announced {total}: the "
                                 "download is incomplete; nothing was kept, run it again")
-        if model is not None and model.size is not None and got != model.size:
-            raise DownloadError(f"{shown}: got {got} bytes, the registry records "
-                                f"{model.size}: not the published file; nothing was kept")
-        digest = sha.hexdigest()
-        if model is not None and model.sha256 is not None and digest != model.sha256:
-            raise DownloadError(f"{shown}: sha256 {digest} differs from the registry's "
-                                f"{model.sha256}: corrupt or not the published file; nothing "
-                                "was kept")
+        digests = _check(shown, got, hashes, expected)
         os.replace(tmp, dest)
-        return digest
+        return digests
     except OSError as e:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -7,6 +7,8 @@
     a training workdir   WORKDIR/config.json, vocab.txt, checkpoints/STEP/params (the newest)
     an export folder     DIR/options.json, weights.hdf5 [, vocab.txt, softmax.hdf5,
                          lexicon.json]
+    an NLPL model folder DIR/options.json, model.hdf5 [, vocab.txt or vocab.txt.gz]
+                         (the NLPL repository's zips of bilm-tf models)
     a weights hdf5       with options.json beside it, or `options=` (the published
                          ELMo files are named *_weights.hdf5 and *_options.json)
     an ELMoForManyLangs  DIR/config.json naming its cnn config, char.dic, word.dic and

@@ -7,6 +7,7 @@ line; so do we.
 from __future__ import annotations
 
 import collections
+import gzip
 import os
 from typing import Iterable
 
@@ -71,7 +72,8 @@ def read_word_list(path: str | os.PathLike) -> list[str]:
     special tokens), for caching token vectors."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"word list not found: {path}")
-    with open(path, encoding="utf-8", newline="") as fh:  # lines end at "\n" only
+    opener = gzip.open if os.fspath(path).endswith(".gz") else open  # NLPL's vocab.txt.gz
+    with opener(path, "rt", encoding="utf-8", newline="") as fh:  # lines end at "\n" only
         try:
             text = fh.read()
         except UnicodeDecodeError as e:

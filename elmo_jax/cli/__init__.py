@@ -18,7 +18,7 @@ def run_cli(main) -> None:
     from elmo_jax.config import ConfigError
     from elmo_jax.data import DataError
     from elmo_jax.datasets.common import RecipeError
-    from elmo_jax.hub import DownloadError
+    from elmo_jax.hub import DownloadError, UnsupportedModel
     from elmo_jax.lexicon import LexiconError
     from elmo_jax.segmentation import SegmentationError
     from elmo_jax.store import StoreError
@@ -33,7 +33,8 @@ def run_cli(main) -> None:
         sys.exit(main())
     except (ConfigError, DataError, OptionsError, RecipeError, VocabError, WeightsError,
             TrainingError, TargetError, CheckpointError, FileNotFoundError, UnicodeError,
-            DownloadError, LexiconError, SegmentationError, TorchPickleError, StoreError) as e:
+            DownloadError, LexiconError, SegmentationError, TorchPickleError, StoreError,
+            UnsupportedModel) as e:
         for line in str(e).splitlines() or [""]:  # several faults: a line each
             print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
