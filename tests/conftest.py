@@ -33,10 +33,14 @@ FIXTURES = os.path.join(HERE, "fixtures", "bilm-tf")
 REPO = os.path.dirname(HERE)
 
 
-def devices_env(n_devices: int) -> dict:
-    """The environment of a subprocess on `n_devices` simulated CPU devices."""
+def devices_env(n_devices: int, compile_bound: bool = False) -> dict:
+    """The environment of a subprocess on `n_devices` simulated CPU devices.
+    `compile_bound`: a run of a few steps, whose time is compiling: LLVM at -O0
+    (the 8-device step compiles in 85% of -O1's time; a run of many steps is
+    slower, so the default stays -O1)."""
+    level = " --xla_backend_optimization_level=0" if compile_bound else ""
     return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
-        f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={n_devices}"))
+        f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={n_devices}{level}"))
 
 
 def tiny_options_dict(skip=True, cell_clip=1.0, proj_clip=0.5, n_highway=2, activation="relu"):
@@ -126,3 +130,4 @@ def write_grammar_corpus(directory, n_train=400, n_heldout=60):
     counts = collections.Counter(w for s in train + held for w in s)
     build_vocab(counts).to_file(os.path.join(directory, "vocab.txt"))
     return {k: os.path.join(directory, k) for k in ("train.txt", "heldout.txt", "vocab.txt")}
+

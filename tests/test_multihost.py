@@ -35,7 +35,7 @@ def _train_cmd(files, workdir, max_steps, checkpoint_every):
 
 def _start_two_hosts(files, workdir, max_steps, checkpoint_every=2, extra=((), ()), wrapper=()):
     port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
+    env = dict(devices_env(1, compile_bound=True), JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
     return [subprocess.Popen(
         [*_train_cmd(files, workdir, max_steps, checkpoint_every)[:1], *wrapper,
          *_train_cmd(files, workdir, max_steps, checkpoint_every)[1:]]
@@ -46,7 +46,7 @@ def _start_two_hosts(files, workdir, max_steps, checkpoint_every=2, extra=((), (
 
 def _one_host(files, workdir, max_steps, checkpoint_every=2, devices=2):
     """One process with `devices` simulated devices."""
-    env = devices_env(devices)
+    env = devices_env(devices, compile_bound=True)  # as the two hosts' runs
     r = subprocess.run(_train_cmd(files, workdir, max_steps, checkpoint_every), env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

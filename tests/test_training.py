@@ -82,7 +82,7 @@ def test_tiny_learns_the_bilm_tf_fixture_corpus(tmp_path):
     assert last["eval_ppl_forward"] > 1 and last["eval_ppl_backward"] > 1
 
 
-DEVICE_RUN = textwrap.dedent("""
+DEVICE_RUNS = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {tests!r})
     import jax
@@ -91,20 +91,24 @@ DEVICE_RUN = textwrap.dedent("""
     # only the losses matter here: no checkpoint (orbax's first save of 8
     # simulated devices' replicas compiles a slicing program per array and device)
     checkpoints.save = lambda *args, **kwargs: None
-    config = tiny(max_steps=5, mesh_model={mesh_model}, softmax={softmax!r}, softmax_chunk=48,
-                  input_workers={workers})
-    run(config, {train!r}, {vocab!r}, {workdir!r})
-    print(json.dumps({{"devices": jax.device_count(), "losses": losses_by_step({workdir!r})}}))
+    results = []
+    for workdir, mesh_model, softmax, workers in {runs!r}:
+        config = tiny(max_steps=5, mesh_model=mesh_model, softmax=softmax, softmax_chunk=48,
+                      input_workers=workers)
+        run(config, {train!r}, {vocab!r}, workdir)
+        results.append({{"devices": jax.device_count(), "losses": losses_by_step(workdir)}})
+    print(json.dumps(results))
 """)
 
 
-def _device_run(files, workdir, n_devices, mesh_model=1, softmax="sampled", workers=0):
-    env = devices_env(n_devices)
-    code = DEVICE_RUN.format(tests=os.path.join(REPO, "tests"), train=files["train.txt"],
-                             vocab=files["vocab.txt"], workdir=str(workdir), mesh_model=mesh_model,
-                             softmax=softmax, workers=workers)
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
+def _device_runs(files, n_devices, runs):
+    """Train each of `runs` ((workdir, mesh_model, softmax, input workers)) for 5
+    steps in one process on `n_devices` simulated devices; their losses."""
+    code = DEVICE_RUNS.format(tests=os.path.join(REPO, "tests"), train=files["train.txt"],
+                              vocab=files["vocab.txt"], runs=[tuple(map(str, r[:1])) + r[1:]
+                                                              for r in runs])
+    r = subprocess.run([sys.executable, "-c", code], env=devices_env(n_devices, True),
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -115,14 +119,17 @@ def test_one_device_and_eight_devices_give_the_same_losses(tmp_path):
     gathered from the shards, the full softmax's logsumexp combined across
     them; with model 1 each device's rows from its own whole copy), sampled
     and exact full softmax (in vocabulary chunks): the losses of one device.
-    The 8 x 1 run makes its batches in 2 input worker processes."""
+    The 8 x 1 run makes its batches in 2 input worker processes. (The runs of
+    each device count share a process.)"""
     files = write_grammar_corpus(tmp_path / "data")
-    for softmax, meshes in (("sampled", (1, 4)), ("full", (2,))):
-        one = _device_run(files, tmp_path / f"one-{softmax}", 1, softmax=softmax)
+    ones = _device_runs(files, 1, [(tmp_path / "one-sampled", 1, "sampled", 0),
+                                   (tmp_path / "one-full", 1, "full", 0)])
+    eights = _device_runs(files, 8, [(tmp_path / "sampled-1", 1, "sampled", 2),
+                                     (tmp_path / "sampled-4", 4, "sampled", 0),
+                                     (tmp_path / "full-2", 2, "full", 0)])
+    for one, others, softmax in ((ones[0], eights[:2], "sampled"), (ones[1], eights[2:], "full")):
         assert one["devices"] == 1 and len(one["losses"]) == 5
-        for model in meshes:
-            other = _device_run(files, tmp_path / f"{softmax}-{model}", 8, mesh_model=model,
-                                softmax=softmax, workers=2 if model == 1 else 0)
+        for model, other in zip((1, 4) if softmax == "sampled" else (2,), others):
             assert other["devices"] == 8
             for step, loss in one["losses"].items():
                 assert abs(other["losses"][step] - loss) <= 1e-5 * abs(loss), (softmax, model,
