@@ -84,7 +84,7 @@ def export_files(path: str | os.PathLike, options: str | os.PathLike | None = No
         if not os.path.exists(p):
             raise FileNotFoundError(f"{what} not found: {p} (an export folder holds "
                                     f"{OPTIONS_FILE} and {WEIGHTS_FILE}; an NLPL model "
-                                f"{OPTIONS_FILE} and {NLPL_WEIGHTS_FILE})")
+                                    f"{OPTIONS_FILE} and {NLPL_WEIGHTS_FILE})")
     return options_path, weights
 
 

@@ -192,24 +192,9 @@ def _joined(file: File, dest: str, model: Published | None, progress: bool) -> s
             return dest
         parts = [fetch_file(p, f"{dest}.part-{i:02d}", model, progress)
                  for i, p in enumerate(file.parts)]
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dest)}.", suffix=".part",
-                                   dir=os.path.dirname(dest))
-        try:
-            hashes = _hashes()
-            with os.fdopen(fd, "wb") as out:
-                for part in parts:
-                    with open(part, "rb") as src:
-                        for chunk in iter(lambda: src.read(_CHUNK), b""):
-                            out.write(chunk)
-                            for h in hashes.values():
-                                h.update(chunk)
-            shown = f"{file.parts[0].urls[0]} (and its {len(parts) - 1} other parts, joined)"
-            digests = _check(shown, os.path.getsize(tmp), hashes, file)
-            os.replace(tmp, dest)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        shown = f"{file.parts[0].urls[0]} (and its {len(parts) - 1} other parts, joined)"
+        digests = _write_checked(dest, (chunk for part in parts for chunk in _file_chunks(part)),
+                                 file, shown)
         write_json(_record_path(dest), {"url": file.parts[0].urls[0], **digests,
                                         "size": os.path.getsize(dest)})
         for part in parts:
@@ -331,41 +316,60 @@ def _check(shown: str, got: int, hashes: dict, expected: File | None) -> dict:
 
 
 def _download(url: str, dest: str, expected: File | None, progress: bool, shown: str) -> dict:
-    """Stream `url` into a temporary file beside `dest`, check it, rename it
-    into place; returns its digests. Nothing is left behind on an error."""
+    """Stream `url` into `dest`, checked (`_write_checked`); returns its digests."""
+    with _open_url(url, shown) as resp:
+        return _write_checked(dest, _response_chunks(resp, dest, progress, shown), expected,
+                              shown)
+
+
+def _response_chunks(resp, dest: str, progress: bool, shown: str):
+    """The body of `resp` in chunks, with a progress bar; a body cut short (or
+    shorter than its Content-Length) or a stalled server is a DownloadError."""
+    total = resp.headers.get("Content-Length")
+    total = int(total) if total and total.isdigit() else None
+    bar, got = _progress(total, os.path.basename(dest), progress), 0
+    try:
+        while True:
+            try:
+                chunk = resp.read(_CHUNK)
+            except http.client.IncompleteRead as e:
+                got += len(e.partial)
+                raise DownloadError(f"{shown}: the download broke off after {got} of "
+                                    f"{total} bytes; nothing was kept, run it again") from None
+            except (socket.timeout, TimeoutError):
+                raise DownloadError(f"{shown}: timed out after {TIMEOUT_S} s without data, "
+                                    f"after {got} bytes; nothing was kept, run it again") from None
+            if not chunk:
+                break
+            got += len(chunk)
+            bar.update(len(chunk))
+            yield chunk
+    finally:
+        bar.close()
+    if total is not None and got != total:
+        raise DownloadError(f"{shown}: got {got} bytes, the server announced {total}: the "
+                            "download is incomplete; nothing was kept, run it again")
+
+
+def _file_chunks(path: str):
+    with open(path, "rb") as src:
+        yield from iter(lambda: src.read(_CHUNK), b"")
+
+
+def _write_checked(dest: str, chunks, expected: File | None, shown: str) -> dict:
+    """Write `chunks` to a temporary file beside `dest`, check its size and
+    digests (`_check`), rename it into place; returns its digests. Nothing is
+    left behind on an error; a full disk is a DownloadError saying so."""
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dest)}.", suffix=".part",
                                dir=os.path.dirname(dest))
     hashes, got = _hashes(), 0
     try:
-        with os.fdopen(fd, "wb") as out, _open_url(url, shown) as resp:
-            total = resp.headers.get("Content-Length")
-            total = int(total) if total and total.isdigit() else None
-            bar = _progress(total, os.path.basename(dest), progress)
-            try:
-                while True:
-                    try:
-                        chunk = resp.read(_CHUNK)
-                    except http.client.IncompleteRead as e:
-                        got += len(e.partial)
-                        raise DownloadError(f"{shown}: the download broke off after {got} of "
-                                            f"{total} bytes; nothing was kept, run it "
-                                            "again") from None
-                    except (socket.timeout, TimeoutError):
-                        raise DownloadError(f"{shown}: timed out after {TIMEOUT_S} s without "
-                                            f"data, after {got} bytes; nothing was kept, run "
-                                            "it again") from None
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    for h in hashes.values():
-                        h.update(chunk)
-                    got += len(chunk)
-                    bar.update(len(chunk))
-            finally:
-                bar.close()
-        if total is not None and got != total:
-            raise DownloadError(f"{shown}: got {got} bytes, the server announced {total}: the "
-                                "download is incomplete; nothing was kept, run it again")
+        with os.fdopen(fd, "wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
+                for h in hashes.values():
+                    h.update(chunk)
+                got += len(chunk)
         digests = _check(shown, got, hashes, expected)
         os.replace(tmp, dest)
         return digests

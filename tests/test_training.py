@@ -105,7 +105,7 @@ def _device_runs(files, n_devices, runs):
     """Train each of `runs` ((workdir, mesh_model, softmax, input workers)) for 5
     steps in one process on `n_devices` simulated devices; their losses."""
     code = DEVICE_RUNS.format(tests=os.path.join(REPO, "tests"), train=files["train.txt"],
-                              vocab=files["vocab.txt"], runs=[tuple(map(str, r[:1])) + r[1:]
+                              vocab=files["vocab.txt"], runs=[(str(r[0]), *r[1:])
                                                               for r in runs])
     r = subprocess.run([sys.executable, "-c", code], env=devices_env(n_devices, True),
                        capture_output=True, text=True, timeout=600)
