@@ -42,7 +42,9 @@ def plot_curve(workdir, out_png, ppl, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "run", "metrics.jsonl"))]
+    from elmo_jax.training.workdir import read_metrics
+
+    rows = read_metrics(os.path.join(workdir, "run"))  # a resumed run's steps once
     train = [(r["step"], r["train_ppl"]) for r in rows if "train_ppl" in r]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(*zip(*train), label="training (sampled softmax)")

@@ -140,6 +140,7 @@ def worker(args) -> dict:
         jax.distributed.initialize(f"localhost:{args.port}", args.processes, args.process_id)
     from elmo_jax.config import DataConfig
     from elmo_jax.training import loop
+    from elmo_jax.training.workdir import read_metrics
 
     corpus, vocab_file = _corpus()
     n, spin_ms = calibrate(args.step_ms)
@@ -157,8 +158,7 @@ def worker(args) -> dict:
         work = os.path.join(args.work, attempt)
         t0 = time.time()
         loop.train_and_evaluate(config, work, progress=False)
-        with open(os.path.join(work, "metrics.jsonl")) as fh:
-            logs = [json.loads(line) for line in fh]
+        logs = read_metrics(work)
         first_log = logs[0]
         records.append({"attempt": attempt, "wall_s": round(time.time() - t0, 2),
                         "start_to_first_log_s": round(first_log["elapsed_sec"], 3),

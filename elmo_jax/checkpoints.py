@@ -22,6 +22,7 @@ TrainState) still resume and still open.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import jax
@@ -30,6 +31,16 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 CHECKPOINT_DIR = "checkpoints"
+
+# orbax's replica-parallel save has each replica write a slice of an array,
+# cut by slicing programs it compiles at the first save: in a run of several
+# processes that is programs compiled mid-run (18 in the tiny model). Every
+# array is written by its first replica instead, as in a single process.
+_absl = logging.getLogger("absl")
+_level, _ = _absl.level, _absl.setLevel(logging.ERROR)  # its "overriding" warning: meant
+ocp.type_handlers.register_type_handler(
+    jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+_absl.setLevel(_level)
 LEGACY_STATE_ITEM = "state"  # the layout before params/ and train/ (2026-11)
 TRAIN_FIELDS = ("step", "opt_state", "lstm_state", "rng")
 

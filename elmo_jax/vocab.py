@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import gzip
+import hashlib
 import os
 from typing import Iterable
 
@@ -40,6 +41,12 @@ class Vocabulary:
             raise VocabError(f"the vocabulary lacks the special token(s) {', '.join(missing)}; "
                              "bilm-tf vocabularies start with <S>, </S>, <UNK>")
         self.bos, self.eos, self.unk = (self.index[s] for s in SPECIALS)
+
+    def fingerprint(self) -> str:
+        """"N words, #HASH": its words in order, for comparing with another
+        process's."""
+        digest = hashlib.sha1("\n".join(self.words).encode("utf-8")).hexdigest()[:12]
+        return f"{len(self.words)} words, #{digest}"
 
     def __len__(self) -> int:
         return len(self.words)

@@ -135,7 +135,9 @@ def main(argv=None, prog: str = "embed.py"):
     import jax
 
     if args.distributed or args.coordinator_address:
-        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+        from elmo_jax.training.pod import initialize
+
+        initialize(args.coordinator_address, args.num_processes, args.process_id)
     from elmo_jax.data.sources import list_shards
     from elmo_jax.stored import open_model
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 # flag -> config path: the flags users already type, as shorthands for --set
@@ -71,6 +72,13 @@ def _train(argv, prog):
     ap.add_argument("--coordinator_address")
     ap.add_argument("--num_processes", type=int)
     ap.add_argument("--process_id", type=int)
+    ap.add_argument("--heartbeat_timeout", type=float, default=100.0,
+                    help="several processes: seconds a silent peer (stalled, its host gone) is "
+                         "waited for before every other process stops with an error (default "
+                         "100; longer than the slowest checkpoint save or compile's pause)")
+    ap.add_argument("--wait_for_peers", type=float, default=300.0,
+                    help="several processes: seconds to wait at start for every process to "
+                         "join (default 300), saying so every 30 s")
     ap.add_argument("--per_device_batch", type=int,
                     help="rows per device, as bilm-tf's batch_size (per GPU): the global "
                          "model.batch_size becomes this times every device of the run")
@@ -79,10 +87,19 @@ def _train(argv, prog):
     if args.per_device_batch is not None and args.batch_size is not None:
         ap.error("--batch_size (global) and --per_device_batch: give one")
 
+    several = args.distributed or args.coordinator_address
+    if several and not os.environ.get("ELMO_JAX_SUPERVISED"):
+        from elmo_jax.training.pod import supervise
+
+        # jax can end a process from C++; its parent then says why in one line
+        sys.exit(supervise(list(argv), f"process {args.process_id} of {args.num_processes}"))
     import jax
 
-    if args.distributed or args.coordinator_address:
-        jax.distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+    if several:
+        from elmo_jax.training.pod import initialize
+
+        initialize(args.coordinator_address, args.num_processes, args.process_id,
+                   args.heartbeat_timeout, args.wait_for_peers)
     from elmo_jax.config import load_config
     from elmo_jax.training import train_and_evaluate
 
@@ -254,3 +271,10 @@ def main(argv=None, prog: str = "train.py"):
     if argv and argv[0] in commands:
         return commands[argv[0]](argv[1:], f"{prog} {argv[0]}")
     return _train(argv, prog)
+
+
+
+if __name__ == "__main__":  # the child of `pod.supervise`
+    from elmo_jax.cli import run_cli
+
+    run_cli(main)

@@ -44,6 +44,7 @@ Rows b of group s are s * B/S .. (s + 1) * B/S - 1.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -81,6 +82,27 @@ class TokenCorpus:
 
     def __len__(self) -> int:
         return len(self.starts)
+
+    def fingerprint(self) -> str:
+        """What tells this corpus from another in one line: its files (names
+        and sizes), its sentences and tokens, and a hash of every sentence's
+        length and of the spelled tokens of 1000 sentences spread over it (the
+        order every process reads its rows of)."""
+        h = hashlib.sha1(np.ascontiguousarray(self.lengths, np.int32).tobytes())
+        for i in np.unique(np.linspace(0, len(self) - 1, num=min(len(self), 1000)).astype(int)):
+            start = int(self.starts[i])
+            ids = self.tokens[start:start + int(self.lengths[i]) + 2]
+            h.update(" ".join(self.spellings[t] for t in ids).encode("utf-8") + b"\n")
+        sizes = []
+        for f in self.files:
+            try:
+                sizes.append(f"{os.path.basename(f)} ({os.path.getsize(f)} B)")
+            except OSError:
+                sizes.append(os.path.basename(f))
+        files = ", ".join(sizes[:4]) + (f" and {len(sizes) - 4} more" if len(sizes) > 4 else "")
+        h.update(files.encode("utf-8") + " ".join(sizes).encode("utf-8"))
+        return (f"{len(self.files)} file(s) [{files}], {len(self)} sentences, "
+                f"{int(self.lengths.sum())} tokens, #{h.hexdigest()[:12]}")
 
     @classmethod
     def from_sentences(cls, sentences, files=None, what: str = "training") -> "TokenCorpus":

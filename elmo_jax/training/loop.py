@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -27,27 +28,33 @@ import jax
 
 from elmo_jax import checkpoints
 from elmo_jax import data as data_lib
-from elmo_jax.config import Config, ConfigError, check_ranges
+from elmo_jax.config import Config, ConfigError, check_ranges, save_config
 from elmo_jax.hub import use_compilation_cache
 from elmo_jax.options import ElmoOptions
-from elmo_jax.stored import StoredModel, read_run
+from elmo_jax.stored import CONFIG_FILE, StoredModel, read_run
 from elmo_jax.training.evaluation import check_eval_batch, evaluate, warm_evaluation
 from elmo_jax.training.feeding import Feeder
 from elmo_jax.training.partitioning import (abstract_batch, check_divisible, create_train_step,
                                             process_rows, train_mesh)
-from elmo_jax.training.pod import agree_on_the_workdir, failures_stop_every_process
+from elmo_jax.training.pod import (agree_on_the_run, agree_on_the_workdir,
+                                   failures_stop_every_process)
 from elmo_jax.training.reporting import (CompileCount, MetricsWindow, ProfileWindow, Progress,
                                          say)
-from elmo_jax.training.stopping import StopPolicy, stop_requests
-from elmo_jax.training.workdir import (MetricsLog, TrainingError, load_pretrained, run_lexicon,
-                                       restore_checkpoint, save_checkpoint, write_run)
+from elmo_jax.training.stopping import (StopPolicy, signalled_during_start_up, stop_requests,
+                                        stopped_during_start_up)
+from elmo_jax.training.workdir import (MetricsLog, TrainingError, flat_settings, load_pretrained,
+                                       run_lexicon, restore_checkpoint, save_checkpoint,
+                                       settings_on_resume, write_run)
 from elmo_jax.vocab import Vocabulary
 
 
 def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bool
-                   ) -> tuple[Config, StoredModel | None]:
-    """The model a run trains: the workdir's when resuming, the pretrained one's
-    with `data.init_from`, else the config's; sized to the vocabulary."""
+                   ) -> tuple[Config, dict, StoredModel | None]:
+    """(the config a run trains with, the settings changed on resume, the
+    pretrained model): resuming, the workdir's model with the settings a
+    checkpoint leaves free taken from `config` (`workdir.settings_on_resume`);
+    with `data.init_from`, the pretrained model's architecture; else the
+    config's; sized to the vocabulary."""
     pretrained = None
     model = config.model
     if model.n_tokens_vocab is not None and model.n_tokens_vocab != len(vocab):
@@ -57,20 +64,25 @@ def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bo
                           "vocabulary")
     if resuming:
         saved, saved_vocab = read_run(workdir)
-        # a fine-tuning run has its pretrained model's architecture, not the config's
-        if not saved.model.same_model(model) and not config.data.init_from:
-            raise TrainingError(f"{workdir} holds a run of another model; use a new --workdir")
         if saved_vocab.words != vocab.words:
-            raise TrainingError(f"{workdir} was trained with another vocabulary than "
-                                f"{config.data.vocab_file}")
-        model = saved.model
+            raise ConfigError(f"{workdir} was trained with another vocabulary than "
+                              f"{config.data.vocab_file} ({len(saved_vocab)} words, the run's "
+                              f"own in {workdir}/vocab.txt; this one has {len(vocab)}): resume "
+                              f"with it, or start a new run from this one: --init_from "
+                              f"{workdir} --workdir NEW_DIR")
+        if saved.data.init_from:  # a fine-tuning run has its pretrained model's architecture
+            config = config.replace(data=dataclasses.replace(
+                config.data, init_from=config.data.init_from or saved.data.init_from))
+            model = model.replace(lstm=saved.model.lstm, char_cnn=saved.model.char_cnn)
+        return settings_on_resume(config.replace(model=model.replace(n_tokens_vocab=len(vocab))),
+                                  saved, workdir) + (None,)
     elif config.data.init_from:
         pretrained = load_pretrained(config.data.init_from, vocab)
         if not pretrained.options.same_model(model):
             print(f"--init_from: using the pretrained model's architecture from "
                   f"{config.data.init_from}", file=sys.stderr)
         model = model.replace(lstm=pretrained.options.lstm, char_cnn=pretrained.options.char_cnn)
-    return config.replace(model=model.replace(n_tokens_vocab=len(vocab))), pretrained
+    return config.replace(model=model.replace(n_tokens_vocab=len(vocab))), {}, pretrained
 
 
 def segmented(config: Config) -> Config:
@@ -173,8 +185,10 @@ def train_and_evaluate(config: Config, workdir: str, progress: bool = True, sour
     `source` replaces the config's corpus (a `data.TokenCorpus` or a list of
     token lists: tests, custom corpora). In a run of several processes an
     error on any one ends every process (`pod.failures_stop_every_process`)."""
-    with failures_stop_every_process():
-        return _train_and_evaluate(config, workdir, progress, source)
+    # signals are caught from here on: one during start-up stops every process
+    # just before step 1 (`stopping.signalled_during_start_up`)
+    with failures_stop_every_process(), stop_requests() as requests:
+        return _train_and_evaluate(config, workdir, progress, source, requests)
 
 
 def compile_ahead(step, abstract_state, shapes, options: ElmoOptions, mesh) -> int:
@@ -189,7 +203,26 @@ def compile_ahead(step, abstract_state, shapes, options: ElmoOptions, mesh) -> i
     return len(shapes.all())
 
 
-def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) -> dict:
+# a host's own business: its clock (the stop it proposes is agreed, process 0's
+# alone proposes timed saves), its input workers, its guard and its trace
+HOST_SETTINGS = {"train.max_seconds", "train.checkpoint_every_seconds", "train.input_workers",
+                 "train.transfer_guard", "train.profile_steps"}
+# hosts may mount the same files at other paths (their contents are compared)
+PATH_SETTINGS = {"data.train_files", "data.eval_files", "data.vocab_file", "data.init_from"}
+
+
+def run_facts(config: Config, vocab: Vocabulary, corpus: data_lib.TokenCorpus) -> dict:
+    """What every process of a run must share (`pod.agree_on_the_run`): the
+    corpus's and the vocabulary's fingerprints and every setting but the
+    files' paths and a host's own (HOST_SETTINGS)."""
+    mine = PATH_SETTINGS | HOST_SETTINGS | {"description"}
+    return {"corpus": corpus.fingerprint(), "vocabulary": vocab.fingerprint(),
+            **{k: json.dumps(v) for k, v in flat_settings(config.to_dict()).items()
+               if k not in mine}}
+
+
+def _train_and_evaluate(config: Config, workdir: str, progress: bool, source,
+                        requests: dict) -> dict:
     if not config.data.vocab_file:
         raise ConfigError("no vocabulary: give --vocab_file (data.vocab_file)")
     vocab = Vocabulary.from_file(config.data.vocab_file)
@@ -199,11 +232,13 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
     mngr = checkpoints.manager(workdir, config.train.max_to_keep, config.train.async_checkpoints)
     resume_step = mngr.latest_step()
     agree_on_the_workdir(workdir, resume_step)
-    config, pretrained = _resolve_model(config, workdir, vocab, resume_step is not None)
+    config, changed, pretrained = _resolve_model(config, workdir, vocab, resume_step is not None)
     lexicon = run_lexicon(workdir, config.model, pretrained)
     mesh = train_mesh(config.model, config.train, len(vocab))
     check_before_training(config, vocab, mesh, source)
-    batcher = make_batcher(config, vocab, mesh, source, lexicon)
+    corpus = open_training_corpus(config, source)
+    agree_on_the_run(run_facts(config, vocab, corpus))
+    batcher = make_batcher(config, vocab, mesh, corpus, lexicon)
     built = create_train_step(config.model, config.train, len(vocab), mesh)
     t0 = time.time()
     programs = compile_ahead(built.step, built.abstract_state, batcher.shapes, config.model, mesh)
@@ -232,15 +267,28 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source) ->
         state, count = rewind(resume_step)
         if jax.process_index() == 0:
             print(f"resuming from the checkpoint of step {resume_step}", file=sys.stderr)
+        if changed and jax.process_index() == 0:  # once the checkpoint has been read
+            print("resuming with changed settings: " + ", ".join(
+                f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in changed.items()),
+                file=sys.stderr)
+            save_config(config, os.path.join(workdir, CONFIG_FILE))
     else:
         state, count = rewind(None)
         write_run(workdir, config, vocab, lexicon)
     run = _Run(config, vocab, workdir, mesh, built.step, batcher, rewind, mngr, lexicon)
+    log = MetricsLog(workdir, purge_step=None if resume_step is None else resume_step + 1)
     try:
-        with stop_requests() as requests:
-            return _loop(run, state, count, StopPolicy(config.train, requests), resume_step,
-                         progress)
+        if resume_step is not None:
+            log.write({"step": resume_step, "event": "resumed", "from_step": resume_step,
+                       "processes": jax.process_count(), "devices": jax.device_count(),
+                       **({"changed": changed} if changed else {})})
+        why = signalled_during_start_up(requests)
+        if why is not None:
+            return stopped_during_start_up(int(state.step), why, requests, log)
+        return _loop(run, state, count, StopPolicy(config.train, requests), resume_step,
+                     progress, log)
     finally:
+        log.close()
         mngr.wait_until_finished()
         if hasattr(batcher, "close"):
             batcher.close()
@@ -293,12 +341,11 @@ class NonfiniteGuard:
 
 
 def _loop(run: _Run, state, count: int, stops: StopPolicy, last_saved: int | None,
-          progress: bool) -> dict:
+          progress: bool, log: MetricsLog) -> dict:
     """Steps until the limit or an agreed stop; returns the last record."""
     tc, eval_files = run.config.train, run.config.data.eval_files
     max_steps = _max_steps(run.config)
-    log = MetricsLog(run.workdir)
-    step = int(state.step)
+    step = first = int(state.step)
     last = {"step": step}
     window, compiles = MetricsWindow(time.time()), CompileCount()
     guard, profile = NonfiniteGuard(tc.nonfinite_skips, log), ProfileWindow(tc.profile_steps,
@@ -315,6 +362,9 @@ def _loop(run: _Run, state, count: int, stops: StopPolicy, last_saved: int | Non
                     state, metrics = run.step_fn(state, placed.arrays)
                 step += 1
                 compiles.step_dispatched()
+                if step == first + 1:  # the bar's rate leaves out start-up and step 1's wait
+                    jax.block_until_ready(metrics["loss"])  # for the other processes
+                    bar.begin(step)
                 window.add(step, placed.number, metrics, placed.tokens)
                 # the host stays two steps ahead of the devices, no more: waiting
                 # for a step to finish reads nothing back
@@ -364,5 +414,4 @@ def _loop(run: _Run, state, count: int, stops: StopPolicy, last_saved: int | Non
         profile.close()
         feeder.close()
         bar.close()
-        log.close()
     return last

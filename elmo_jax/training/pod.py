@@ -1,25 +1,36 @@
-"""What holds a run of several processes together: one failure stops them
-all, and they share one workdir and resume from one step.
+"""What holds a run of several processes together: they meet within a stated
+time, one failure or a silent peer stops them all with an error line, and
+they share one workdir, one corpus, one vocabulary and one config.
 
-An error on any one process ends every process within seconds, each naming
-the cause (`failures_stop_every_process`). Without it the others would wait
-forever: in the next collective (the step's all-reduce, `global_batch`'s
-gather), and the failed process itself in `jax.distributed`'s shutdown barrier
-at exit, which waits for all. So a failing process stores its message in the
-coordination service's key-value store and leaves at once (`os._exit`, past
-that barrier); every process runs a watcher thread that reads the store each
-second and leaves, naming the failed process and its message, as soon as
-another's appears (or when the coordinator, process 0, is gone). A process
-killed outright (out of memory) cannot tell the others: then jax.distributed's
-heartbeat timeout ends them. Before training, the processes check that they
-share the workdir and its newest checkpoint (`agree_on_the_workdir`).
+`initialize` starts `jax.distributed` and says every 30 s that it is waiting
+for the others, giving up at `wait_for_peers` seconds (status 2). An error on
+any one process ends every process within seconds, each naming the cause
+(`failures_stop_every_process`). Without it the others would wait forever: in
+the next collective (the step's all-reduce, `global_batch`'s gather), and the
+failed process itself in `jax.distributed`'s shutdown barrier at exit, which
+waits for all. So a failing process stores its message in the coordination
+service's key-value store and leaves at once (`os._exit`, past that barrier);
+every process runs a watcher thread that reads the store each second and
+leaves, naming the failed process and its message, as soon as another's
+appears. The same thread counts up a key of its own each second: a peer whose
+count stays still for `heartbeat_timeout` seconds (stopped, its host gone)
+ends the survivors with a line naming it and how long they waited, before
+jax's own heartbeat (set later) would abort them from C++. A coordinator
+(process 0) that dies outright ends the others in C++ at once; `supervise`,
+the parent of each training process, turns that abort into the same line.
+Before training the processes check that they share the workdir and its
+newest checkpoint (`agree_on_the_workdir`) and the facts of the run
+(`agree_on_the_run`).
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
 import itertools
+import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -30,7 +41,52 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 KEY = "elmo_jax/failed/"
+ALIVE = "elmo_jax/alive/"
 POLL_SECONDS = 1.0
+HEARTBEAT_TIMEOUT = 100.0  # seconds a peer may stay silent (--heartbeat_timeout)
+WAIT_FOR_PEERS = 300.0     # seconds to wait for every process at start (--wait_for_peers)
+JAX_MARGIN = 60            # jax's own timeouts come this much later than ours
+_SETTINGS = {"heartbeat_timeout": HEARTBEAT_TIMEOUT}
+PEERS_FILE_ENV = "ELMO_JAX_PEERS_FILE"  # where the watcher says whom it last heard (supervise)
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+               wait_for_peers: float = WAIT_FOR_PEERS) -> None:
+    """`jax.distributed.initialize` (None: the cluster from the environment),
+    saying every 30 s (a third of `wait_for_peers` when shorter) that it waits
+    for the others, and leaving with status 2 and an error line after
+    `wait_for_peers` seconds. `heartbeat_timeout`: how long a silent peer is
+    waited for once running (`failures_stop_every_process`)."""
+    if heartbeat_timeout <= 0 or wait_for_peers <= 0:
+        raise ValueError("--heartbeat_timeout and --wait_for_peers must be positive")
+    _SETTINGS["heartbeat_timeout"] = float(heartbeat_timeout)
+    who = f"process {process_id if process_id is not None else '?'} of {num_processes or '?'}"
+    where = coordinator_address or "the cluster's coordinator"
+    met = threading.Event()
+
+    def wait_and_say():
+        t0, every = time.time(), min(30.0, max(wait_for_peers / 3, 1.0))
+        while not met.wait(every):
+            waited = time.time() - t0
+            if waited >= wait_for_peers - 1e-3:
+                _leave(f"{who} waited {waited:.0f} s for every process to join at {where} and "
+                       f"gives up (--wait_for_peers {wait_for_peers:g}): start all "
+                       f"{num_processes or ''} processes with the same --coordinator_address "
+                       "and --num_processes, process 0 where that address points, or allow "
+                       "longer")
+            sys.stderr.write(f"{who}: waiting for the other processes at {where} "
+                             f"({waited:.0f} s of at most {wait_for_peers:g} s)\n")
+            sys.stderr.flush()
+
+    threading.Thread(target=wait_and_say, daemon=True, name="elmo-jax-wait-for-peers").start()
+    try:
+        jax.distributed.initialize(
+            coordinator_address, num_processes, process_id,
+            initialization_timeout=int(wait_for_peers) + JAX_MARGIN,
+            heartbeat_timeout_seconds=int(heartbeat_timeout) + JAX_MARGIN)
+    finally:
+        met.set()
 
 
 def _client():
@@ -49,18 +105,62 @@ def _who() -> str:
     return f"process {jax.process_index()} of {jax.process_count()}"
 
 
-def _watch(client, finished: threading.Event) -> None:
-    me = str(jax.process_index())
-    while not finished.wait(POLL_SECONDS):
+def _say_whom_we_heard(heard: dict, now: float) -> None:
+    """For `supervise`: when this process last heard each peer (a file it reads
+    if jax aborts this one)."""
+    path = os.environ.get(PEERS_FILE_ENV)
+    if path:
         try:
+            with open(path + ".tmp", "w") as fh:
+                json.dump({"now": now, "heard": heard, "who": _who()}, fh)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
+
+
+def _watch(client, finished: threading.Event, answered: list) -> None:
+    """Each second: leave if another process failed or a peer went silent;
+    count this process's own key up."""
+    me, timeout = jax.process_index(), _SETTINGS["heartbeat_timeout"]
+    counts: dict = {}  # peer -> (its count, when it last changed)
+    for beat in itertools.count():
+        if finished.wait(POLL_SECONDS):
+            return
+        try:
+            client.key_value_set(f"{ALIVE}{me}", str(beat), allow_overwrite=True)
             failed = [(k.rsplit("/", 1)[-1], v) for k, v in client.key_value_dir_get(KEY)]
+            alive = dict((k.rsplit("/", 1)[-1], v) for k, v in client.key_value_dir_get(ALIVE))
         except Exception as e:  # the store lives in process 0
             if not finished.is_set():
                 _leave(f"{_who()} stopped: lost the coordinator (process 0): {e}")
             return
+        now = answered[0] = time.time()
         for who, message in failed:
-            if who != me:
+            if who != str(me):
                 _leave(f"{_who()} stopped because process {who} failed: {message}")
+        for p in range(jax.process_count()):
+            if p == me:
+                continue
+            value = alive.get(str(p))
+            if value is not None and counts.get(p, (None,))[0] != value:
+                counts[p] = (value, now)
+            since = counts.setdefault(p, (None, now))[1]
+            if now - since > timeout and not finished.is_set():
+                _leave(f"{_who()} stopped: process {p} has not been heard from for "
+                       f"{now - since:.0f} s (--heartbeat_timeout {timeout:g}): it stalled, or "
+                       "its host is gone. Resume with the same command on every host")
+        _say_whom_we_heard({str(p): t for p, (_, t) in counts.items()}, now)
+
+
+def _watch_the_watcher(finished: threading.Event, answered: list) -> None:
+    """The coordinator stopped (not dead): the watcher's calls hang; leave
+    once it has gone unanswered for the heartbeat timeout."""
+    timeout = _SETTINGS["heartbeat_timeout"]
+    while not finished.wait(POLL_SECONDS):
+        if time.time() - answered[0] > timeout:
+            _leave(f"{_who()} stopped: the coordinator (process 0) has not answered for "
+                   f"{time.time() - answered[0]:.0f} s (--heartbeat_timeout {timeout:g}): it "
+                   "stalled, or its host is gone. Resume with the same command on every host")
 
 
 @contextlib.contextmanager
@@ -71,10 +171,12 @@ def failures_stop_every_process():
     if jax.process_count() == 1:
         yield
         return
-    client, finished = _client(), threading.Event()
+    client, finished, answered = _client(), threading.Event(), [time.time()]
     atexit.register(finished.set)  # before jax.distributed's own shutdown (atexit is LIFO)
-    threading.Thread(target=_watch, args=(client, finished), daemon=True,
+    threading.Thread(target=_watch, args=(client, finished, answered), daemon=True,
                      name="elmo-jax-failure-watch").start()
+    threading.Thread(target=_watch_the_watcher, args=(finished, answered), daemon=True,
+                     name="elmo-jax-watch-the-watcher").start()
     try:
         yield
     except (KeyboardInterrupt, SystemExit):
@@ -148,6 +250,79 @@ def exchange(name: str, value: str, timeout_s: float = 600.0) -> list[str]:
         except Exception:
             pass
     return out
+
+
+def differences(facts: list[dict]) -> list[str]:
+    """What differs between the processes' `facts` (process order): one
+    "NAME: process(es) P has A, process(es) Q has B" a fact."""
+    out = []
+    for name in sorted(set().union(*facts)):
+        groups: dict = {}
+        for p, f in enumerate(facts):
+            groups.setdefault(str(f.get(name, "nothing")), []).append(p)
+        if len(groups) > 1:
+            out.append(f"{name}: " + ", ".join(
+                f"process{'es' if len(ps) > 1 else ''} {', '.join(map(str, ps))} "
+                f"{'have' if len(ps) > 1 else 'has'} {v}" for v, ps in groups.items()))
+    return out
+
+
+def agree_on_the_run(facts: dict) -> None:
+    """Every process must train one run: its `facts` (the corpus's fingerprint,
+    the vocabulary's, each config setting; name -> str) are compared across the
+    processes, through the key-value store (no device program: it runs before
+    anything compiles); any difference is one TrainingError on every process,
+    naming the processes and each fact that differs."""
+    if jax.process_count() == 1:
+        return
+    from elmo_jax.training.workdir import TrainingError
+
+    every = [json.loads(v) for v in exchange("run-facts", json.dumps(facts, sort_keys=True))]
+    problems = differences(every)
+    if problems:
+        raise TrainingError("the processes were not given the same run, so nothing was trained "
+                            "or written: " + "; ".join(problems) + ". Give every process the "
+                            "same files, vocabulary and settings")
+
+
+def supervise(argv: list[str], who: str) -> int:
+    """Run the training command `argv` in a child process and return its exit
+    status, passing SIGTERM and SIGINT on. jax ends a process from C++
+    (SIGABRT) as soon as the coordinator (process 0) is gone, before Python
+    can say a word: then this says which process was lost and when it was
+    last heard (the child's watcher writes that down each second), and
+    returns 2."""
+    import tempfile
+
+    fd, peers = tempfile.mkstemp(prefix="elmo-jax-peers-", suffix=".json")
+    os.close(fd)
+    os.unlink(peers)
+    env = dict(os.environ, ELMO_JAX_SUPERVISED="1", **{PEERS_FILE_ENV: peers})
+    # a session of its own: a Ctrl-C reaches it once, from here
+    # the same command line (a wrapper around train.py included), unless called with other args
+    from_command_line = sys.argv[len(sys.argv) - len(argv):] == list(argv)
+    own = sys.orig_argv[1:] if from_command_line else ["-m", "elmo_jax.cli.train", *argv]
+    child = subprocess.Popen([sys.executable, *own], env=env, start_new_session=True)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+    rc = child.wait()
+    try:
+        with open(peers) as fh:
+            seen = json.load(fh)
+        os.unlink(peers)
+    except (OSError, ValueError):
+        seen = None
+    if rc == -signal.SIGABRT:
+        last = (f"; it last answered {time.time() - seen['now']:.0f} s before" if seen else "")
+        sys.stderr.write(f"error: {seen['who'] if seen else who} stopped: lost the coordinator "
+                         f"(process 0): it could no longer be reached, and jax's distributed "
+                         f"service ended this process{last}. Resume with the same command on "
+                         "every host once process 0's host is back\n")
+        return 2
+    if rc < 0:
+        sys.stderr.write(f"error: {who} was ended by {signal.Signals(-rc).name}\n")
+        return 128 - rc
+    return rc
 
 
 class Decisions:

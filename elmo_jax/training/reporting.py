@@ -95,31 +95,40 @@ class MetricsWindow:
 
 class Progress:
     """The progress bar: over steps, or over seconds when only the time limit
-    ends the run (its total and ETA then come from the limit)."""
+    ends the run (its total and ETA then come from the limit). It appears
+    once step 1 is done (`begin`): its rate and ETA leave out start-up, and
+    the wait of step 1 for the other processes."""
 
     def __init__(self, step: int, max_steps: float, max_seconds: float | None, enabled: bool):
+        self.by_time = max_steps == math.inf and max_seconds is not None
+        self.max_steps, self.max_seconds, self.enabled = max_steps, max_seconds, enabled
+        self.t0, self.postfix, self.step, self.bar = time.time(), {}, step, None
+
+    def begin(self, step: int) -> None:
+        """Show the bar from `step` on (step 1 of this run done)."""
         from tqdm import tqdm
 
-        self.by_time = max_steps == math.inf and max_seconds is not None
-        common = dict(disable=not enabled or jax.process_index() != 0, dynamic_ncols=True,
+        common = dict(disable=not self.enabled or jax.process_index() != 0, dynamic_ncols=True,
                       mininterval=0.5 if sys.stderr.isatty() else 30.0)
         if self.by_time:
-            self.bar = tqdm(total=max_seconds, unit="s", **common, bar_format=(
+            self.bar = tqdm(total=self.max_seconds, unit="s", **common, bar_format=(
                 "{l_bar}{bar}| {n:.0f}/{total:.0f}s [{elapsed}<{remaining}{postfix}]"))
         else:
-            self.bar = tqdm(total=None if max_steps == math.inf else max_steps, initial=step,
-                            unit="step", **common)
-        self.t0, self.postfix, self.step = time.time(), {}, step
+            self.bar = tqdm(total=None if self.max_steps == math.inf else self.max_steps,
+                            initial=step - 1, unit="step", **common)
 
     def set(self, **postfix) -> None:
         """New numbers beside the bar."""
         self.postfix.update(postfix)
-        self.bar.set_postfix(refresh=False, **({"step": self.step} if self.by_time else {}),
-                             **self.postfix)
+        if self.bar is not None:
+            self.bar.set_postfix(refresh=False, **({"step": self.step} if self.by_time else {}),
+                                 **self.postfix)
 
     def update(self, step: int, **postfix) -> None:
         self.postfix.update(postfix)
         self.step = step
+        if self.bar is None:
+            return
         if self.by_time:
             self.bar.set_postfix(refresh=False, step=step, **self.postfix)
             self.bar.update(min(time.time() - self.t0, self.bar.total) - self.bar.n)
@@ -129,16 +138,21 @@ class Progress:
             self.bar.update(1)
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 class ProfileWindow:
     """A profiler trace of steps `train.profile_steps` ("first:last") into the
-    run's TensorBoard folder."""
+    run's TensorBoard folder; each process's in a folder of its own
+    (tensorboard/process-P) when there are several (their traces would
+    otherwise share one file name on one host)."""
 
     def __init__(self, profile_steps: str | None, workdir: str):
         self.window = profile_window(profile_steps)
         self.folder = os.path.join(workdir, "tensorboard")
+        if jax.process_count() > 1:
+            self.folder = os.path.join(self.folder, f"process-{jax.process_index()}")
         self.tracing = False
 
     def before(self, step: int) -> None:

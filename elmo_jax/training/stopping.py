@@ -1,15 +1,60 @@
 """When a run stops, and when it saves by wall time: SIGINT or SIGTERM, the
 time limit, `train.checkpoint_every_seconds`, decided by every process alike
-(`pod.Decisions`)."""
+(`pod.Decisions`). A signal is caught from the moment training is called: one
+during start-up (compiling, restoring: minutes on a pod) stops every process
+just before step 1."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import signal
 import time
 
+import jax
+
 from elmo_jax.config import TrainConfig
-from elmo_jax.training.pod import Decisions
+from elmo_jax.training.pod import Decisions, exchange
 from elmo_jax.training.reporting import say
+
+_EXCHANGES = itertools.count()  # names each exchange of this module's (all processes alike)
+
+
+def _name(signum) -> str:
+    return "SIGINT" if signum == signal.SIGINT else "SIGTERM"
+
+
+def longest(seconds: float) -> float:
+    """The most of every process's `seconds` (a stop's time is the slowest
+    process's); every process must call it at the same point."""
+    if jax.process_count() == 1:
+        return seconds
+    return max(map(float, exchange(f"longest/{next(_EXCHANGES)}", repr(seconds))))
+
+
+def signalled_during_start_up(requests: dict) -> str | None:
+    """Just before step 1 every process says whether a signal has reached it
+    since training was called: why every process stops there (a process's
+    signal, named "process P: SIGTERM" on the others), else None."""
+    mine = _name(requests["signal"]) if requests["signal"] else ""
+    every = [mine] if jax.process_count() == 1 else exchange(
+        f"signalled/{next(_EXCHANGES)}", mine)
+    for p, why in enumerate(every):
+        if why:
+            requests.setdefault("at", time.time())
+            return why if p == jax.process_index() else f"process {p}: {why}"
+    return None
+
+
+def stopped_during_start_up(step: int, why: str, requests: dict, log) -> dict:
+    """Record a stop agreed before step 1 (no new step: no checkpoint)."""
+    seconds = longest(time.time() - requests["at"])
+    say(f"stopped before step {step + 1} ({why}), {seconds:.1f} s after the signal: no step "
+        "was trained, so there was nothing new to save. Run the same command again to "
+        "resume.")
+    record = {"step": step, "event": "stopped", "signal": why, "stop_seconds": round(seconds, 2),
+              "before_step_1": True}
+    log.write(record)
+    return record
 
 
 @contextlib.contextmanager
@@ -51,8 +96,7 @@ class StopPolicy:
         by wall time (sets `why` and `signalled`)."""
         sig = self.requests["signal"]
         timed_out = self.max_seconds is not None and time.time() - self.t_start > self.max_seconds
-        why = (("SIGINT" if sig == signal.SIGINT else "SIGTERM") if sig
-               else "time limit" if timed_out else None)
+        why = _name(sig) if sig else "time limit" if timed_out else None
         save_due = self.save_every is not None and time.time() - self.last_save > self.save_every
         self.why, timed_save = self.decisions.poll(step, why, save_due)
         self.signalled = self.why is not None and not self.why.endswith("time limit")
@@ -65,11 +109,13 @@ class StopPolicy:
 
     def report(self, step: int, log) -> None:
         """Say why the run stopped at `step` (its checkpoint saved), and record
-        a signal's stop in the metrics log."""
-        took = (f" {time.time() - self.requests['at']:.1f} s after the signal, without "
-                "evaluating" if self.signalled else "")
+        a signal's stop in the metrics log, with the slowest process's time
+        from the signal to the saved checkpoint."""
+        seconds = longest(time.time() - self.requests["at"]) if self.signalled else None
+        took = (f" {seconds:.1f} s after the signal, without evaluating"
+                if self.signalled else "")
         say(f"stopped at step {step} ({self.why}){took}; checkpoint saved. Run the same command "
             "again to resume.")
         if self.signalled:
             log.write({"step": step, "event": "stopped", "signal": self.why,
-                       "stop_seconds": round(time.time() - self.requests["at"], 2)})
+                       "stop_seconds": round(seconds, 2)})

@@ -122,16 +122,80 @@ def load_pretrained(init_from: str, vocab: Vocabulary) -> StoredModel:
     return model if same else model._replace(softmax=None)
 
 
+# what a checkpoint fixes: the model (its options but the limits), and of the
+# train section what only the first step reads; the vocabulary is checked
+# word by word (`loop._resolve_model`)
+FREE_MODEL_FIELDS = ("n_epochs", "n_train_tokens")
+FIXED_TRAIN_FIELDS = ("seed", "initial_accumulator_value", "softmax_init")
+FIXED_DATA_FIELDS = ("init_from", "tokenize")
+
+
+def flat_settings(d: dict, prefix: str = "") -> dict:
+    """{"model.lstm.dim": 4096, ...}: a nested config dict's leaves by path."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat_settings(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def settings_on_resume(requested: Config, saved: Config, workdir: str) -> tuple[Config, dict]:
+    """(the config a resumed run goes on with, {setting: [saved, requested]}
+    for each setting that changes). A setting the checkpoint fixes that
+    differs is a ConfigError (one line each, with the way out); any other is
+    applied: the learning rate, the cadences, the limits, the mesh."""
+    from elmo_jax.config import ConfigError
+
+    old, new = flat_settings(saved.to_dict()), flat_settings(requested.to_dict())
+    fixed = lambda k: ((k.startswith("model.") and k.split(".")[1] not in FREE_MODEL_FIELDS)
+                       or k in {f"train.{f}" for f in FIXED_TRAIN_FIELDS}
+                       or k in {f"data.{f}" for f in FIXED_DATA_FIELDS})
+    changed = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
+               if old.get(k) != new.get(k) and k != "description"}
+    refused = [k for k in changed if fixed(k)]
+    if refused:
+        raise ConfigError("\n".join(
+            [f"{workdir} was trained with {k} {json.dumps(changed[k][0])}; this command asks "
+             f"for {json.dumps(changed[k][1])}" for k in refused]
+            + ["a checkpoint fixes the model, the global batch, the seed and the vocabulary: "
+               f"resume with the run's own settings ({os.path.join(workdir, CONFIG_FILE)}), or "
+               f"start a new run from it: --init_from {workdir} --workdir NEW_DIR"]))
+    return requested, changed
+
+
+def read_metrics(workdir: str) -> list[dict]:
+    """WORKDIR/metrics.jsonl's records as the run's one history: a restart
+    writes a "resumed" record, and the records of steps after its checkpoint
+    written before it (steps trained again) are dropped; so are those a
+    non-finite loss sent the run back over ("nonfinite_loss")."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    records: list[dict] = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            record = json.loads(line)
+            back_to = {"resumed": record.get("from_step"),
+                       "nonfinite_loss": record.get("back_to_step")}.get(record.get("event"))
+            if back_to is not None:
+                records = [r for r in records if r.get("step", 0) <= back_to]
+            records.append(record)
+    return records
+
+
 class MetricsLog:
     """WORKDIR/metrics.jsonl, one JSON record per log or evaluation event, and
     the same numbers as TensorBoard scalars in WORKDIR/tensorboard (tensorboardX:
     event files without TensorFlow). Process 0 writes, in a thread of its own,
     so that the file system never holds up the step loop; `close` waits for
-    every record to be written."""
+    every record to be written. A resumed run's log starts at `purge_step`:
+    TensorBoard drops the earlier run's points from there on (`read_metrics`
+    does the same for metrics.jsonl)."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, purge_step: int | None = None):
         self.path = os.path.join(workdir, "metrics.jsonl")
         self.tensorboard_dir = os.path.join(workdir, "tensorboard")
+        self.purge_step = purge_step
         self._queue = None
         self._thread = None
         self._error: BaseException | None = None
@@ -159,8 +223,9 @@ class MetricsLog:
             while (record := self._queue.get()) is not None:
                 with open(self.path, "a", encoding="utf-8") as fh:
                     fh.write(json.dumps(record) + "\n")
-                writer = writer or SummaryWriter(self.tensorboard_dir, flush_secs=30)
-                for key, value in record.items():
+                writer = writer or SummaryWriter(self.tensorboard_dir, flush_secs=30,
+                                                 purge_step=self.purge_step)
+                for key, value in record.items() if record.get("event") != "resumed" else ():
                     if (key != "step" and isinstance(value, (int, float))
                             and not isinstance(value, bool)):
                         writer.add_scalar(key, value, record["step"])
