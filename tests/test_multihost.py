@@ -5,6 +5,7 @@ metrics, checkpoints hold every row's data position, a restart of both resumes,
 and so does one process alone (and two from one). Marked e2e."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -33,9 +34,11 @@ def _train_cmd(files, workdir, max_steps, checkpoint_every):
             str(checkpoint_every), "--log_every", "1", "--no_progress"]
 
 
-def _start_two_hosts(files, workdir, max_steps, checkpoint_every=2, extra=((), ()), wrapper=()):
+def _start_two_hosts(files, workdir, max_steps, checkpoint_every=2, extra=((), ()), wrapper=(),
+                     env=None):
     port = _free_port()
-    env = dict(devices_env(1, compile_bound=True), JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
+    env = dict(devices_env(1, compile_bound=True), JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
+               **(env or {}))
     return [subprocess.Popen(
         [*_train_cmd(files, workdir, max_steps, checkpoint_every)[:1], *wrapper,
          *_train_cmd(files, workdir, max_steps, checkpoint_every)[1:]]
@@ -157,6 +160,11 @@ def test_a_stop_reaching_one_process_stops_both_at_one_step(tmp_path, how):
         return  # the restart after a stop is the same in both cases
     again = _finish(_start_two_hosts(pattern, work, stopped + 2))
     assert [r["step"] for r in again] == [stopped + 2] * 2
+    with open(os.path.join(work, "metrics.jsonl")) as fh:
+        resumed = [r for r in map(json.loads, fh) if r.get("event") == "resumed"]
+    assert resumed == [{"step": stopped, "event": "resumed", "from_step": stopped,
+                        "processes": 2, "devices": 2, "changed": {
+                            "train.max_steps": [100000, stopped + 2]}}], resumed
     steps = _train_steps(work)
     assert steps[-2:] == [stopped + 1, stopped + 2] and steps.count(stopped + 1) == 1
 
@@ -250,6 +258,8 @@ def test_evaluation_and_init_from_over_two_processes(tmp_path):
     records = _finish(_start_two_hosts(pattern, work, 30, checkpoint_every=30,
                                        extra=(extra, extra)))
     assert records[0]["eval_ppl"] == records[1]["eval_ppl"]
+    # the save at step 30 and the evaluation compiled nothing, on either process
+    assert [r["compiled_since_step_1"] for r in records] == [0, 0], records
     single = training.evaluate_workdir(work, heldout)
     assert single["step"] == 30
     assert records[0]["eval_ppl"] == pytest.approx(single["eval_ppl"], rel=1e-5)
@@ -257,9 +267,119 @@ def test_evaluation_and_init_from_over_two_processes(tmp_path):
 
     tuned = str(tmp_path / "tuned")
     init = ("--init_from", work)
-    _finish(_start_two_hosts(pattern, tuned, 1, extra=(init, init)))
+    procs = _start_two_hosts(pattern, tuned, 1, extra=(init, init), env={"JAX_LOG_COMPILES": "1"})
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[1][1][-3000:]
+    # the same train programs as the run before: process 1 reads them from the
+    # cache (which process 0 alone writes) as process 0 does
+    hits = [sorted(re.findall(r"Persistent compilation cache hit for '(\w*train\w*)'", err))
+            for _, err in outs]
+    assert hits[0] and hits[1] == hits[0], hits
     with open(os.path.join(work, "metrics.jsonl")) as fh:
         scratch = [json.loads(line) for line in fh if '"train_loss"' in line][0]
     with open(os.path.join(tuned, "metrics.jsonl")) as fh:
         first = [json.loads(line) for line in fh if '"train_loss"' in line][0]
     assert first["step"] == 1 and first["train_loss"] < scratch["train_loss"] - 0.5
+
+
+def test_processes_given_different_runs_stop_before_anything_is_written(tmp_path):
+    """Process 1 reads one shard of two, another vocabulary and another dropout:
+    both stop before step 1 with one error line naming each difference and
+    the processes, and nothing is written to the workdir."""
+    pattern = _sharded_corpus(tmp_path)
+    vocab = tmp_path / "other-vocab.txt"
+    vocab.write_text((tmp_path / "data" / "vocab.txt").read_text() + "zebra\n")
+    work = tmp_path / "run"
+    procs = _start_two_hosts(pattern, str(work), 4, extra=((), (
+        "--train_files", str(tmp_path / "data" / "shard-0.txt"), "--vocab_file", str(vocab),
+        "--set", "model.dropout=0.2")))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 2, err[-3000:]
+        first = next(line for line in err.splitlines() if line.startswith("error:"))
+        assert "were not given the same run, so nothing was trained or written" in first, first
+        for fact in ("corpus: process 0 has 2 file(s) [shard-0.txt", "model.dropout: process 0 has 0.1, "
+                     "process 1 has 0.2", "vocabulary: process 0 has 34 words", "process 1 has 35 words"):
+            assert fact in first, first
+    assert not os.path.exists(work / "metrics.jsonl")
+    assert not os.listdir(work / "checkpoints") if os.path.exists(work / "checkpoints") else True
+    assert not os.path.exists(work / "config.json")
+
+
+# train.py, where process AT_COMPILE's first part sends itself the signal its
+# second part names as it starts compiling
+_SIGNALLED_AT_COMPILE = textwrap.dedent("""
+    import os, runpy, signal, sys
+    from elmo_jax.training import loop
+    who, name = os.environ["AT_COMPILE"].split(":")
+    real = loop.compile_ahead
+    def compile_ahead(*args, **kwargs):
+        if sys.argv[sys.argv.index("--process_id") + 1] == who:
+            os.kill(os.getpid(), getattr(signal, name))
+        return real(*args, **kwargs)
+    loop.compile_ahead = compile_ahead
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+
+
+def _child(proc):
+    """The training process under train.py's supervising parent."""
+    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+        return int(fh.read().split()[0])
+
+
+@pytest.mark.parametrize("who, what", [("1", "SIGTERM"), ("1", "SIGSTOP"), ("0", "SIGKILL")])
+def test_a_notice_or_a_lost_peer_during_start_up(tmp_path, who, what):
+    """As a process starts compiling: a SIGTERM to process 1 stops both before
+    step 1 (exit 0, a "stopped" record, no checkpoint); process 1 stalled
+    (SIGSTOP) ends process 0 with status 2 and a line naming it once
+    --heartbeat_timeout has passed; process 0 killed (kill -9) ends process 1
+    with status 2 and a line (jax's C++ abort, reported by its parent)."""
+    pattern = _sharded_corpus(tmp_path)
+    work = tmp_path / "run"
+    beat = ("--heartbeat_timeout", "5")
+    t0 = time.time()
+    procs = _start_two_hosts(pattern, str(work), 50, extra=(beat, beat),
+                             wrapper=("-c", _SIGNALLED_AT_COMPILE), env={"AT_COMPILE": f"{who}:{what}"})
+    if what == "SIGSTOP":
+        out, err = procs[0].communicate(timeout=300)
+        child = _child(procs[1])
+        os.kill(child, signal.SIGKILL)
+        outs = [(out, err), procs[1].communicate(timeout=60)]
+    else:
+        outs = [p.communicate(timeout=300) for p in procs]
+    errors = [next((x for x in err.splitlines() if x.startswith("error:")), err[-2000:])
+              for _, err in outs]
+    if what == "SIGTERM":
+        assert [p.returncode for p in procs] == [0, 0], errors
+        records = [json.loads(x) for x in open(work / "metrics.jsonl")]
+        assert records[-1]["event"] == "stopped" and records[-1]["before_step_1"], records
+        assert records[-1]["signal"] == "process 1: SIGTERM" and records[-1]["step"] == 0
+        assert _checkpoints(work) == []
+    elif what == "SIGSTOP":
+        assert procs[0].returncode == 2, outs[0][1][-3000:]
+        assert ("process 0 of 2 stopped: process 1 has not been heard from for" in errors[0]
+                and "(--heartbeat_timeout 5)" in errors[0]), errors[0]
+        assert procs[1].returncode == 128 + signal.SIGKILL and "SIGKILL" in errors[1]
+        assert time.time() - t0 < 120
+    else:
+        assert procs[1].returncode == 2, outs[1][1][-3000:]
+        assert "process 1 of 2 stopped: lost the coordinator (process 0)" in errors[1], errors[1]
+        assert procs[0].returncode == 128 + signal.SIGKILL
+
+
+def test_a_process_alone_says_it_waits_and_gives_up(tmp_path):
+    """Process 1 started without the others: a line while it waits, then status
+    2 and an error line at --wait_for_peers."""
+    pattern = _sharded_corpus(tmp_path)
+    cmd = [*_train_cmd(pattern, str(tmp_path / "run"), 4, 2), "--coordinator_address",
+           f"localhost:{_free_port()}", "--num_processes", "2", "--process_id", "1",
+           "--wait_for_peers", "6"]
+    t0 = time.time()
+    r = subprocess.run(cmd, env=devices_env(1), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert time.time() - t0 < 60
+    assert "process 1 of 2: waiting for the other processes at localhost:" in r.stderr, r.stderr
+    error = next(x for x in r.stderr.splitlines() if x.startswith("error:"))
+    assert "waited 6 s for every process to join" in error and "--wait_for_peers 6" in error

@@ -222,11 +222,13 @@ def test_a_run_killed_during_a_save_resumes_from_the_checkpoint_before(tmp_path)
                            text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from the checkpoint of step 10" in again.stderr, again.stderr[-2000:]
-    want, got = losses_by_step(tmp_path / "ref"), {}
-    for m in metrics(work):  # the resumed run's records come last and win
-        if "train_loss" in m:
-            got[m["step"]] = m["train_loss"]
-    assert sorted(got) == list(range(1, 31))
+    from elmo_jax.training.workdir import read_metrics
+
+    assert [m["from_step"] for m in metrics(work) if m.get("event") == "resumed"] == [10]
+    want = losses_by_step(tmp_path / "ref")
+    records = [m for m in read_metrics(work) if "train_loss" in m]  # steps 11-20 once
+    assert [m["step"] for m in records] == list(range(1, 31))
+    got = {m["step"]: m["train_loss"] for m in records}
     for step in range(1, 31):
         assert got[step] == pytest.approx(want[step], rel=1e-6), step
 
@@ -510,3 +512,38 @@ def test_metrics_also_go_to_tensorboard_and_a_profile_on_request(tmp_path):
             if key in r:
                 assert scalars[key][r["step"]] == pytest.approx(r[key], rel=1e-6), key
     assert set(scalars["eval_ppl"]) == {4}
+
+
+def test_settings_on_resume_a_checkpoint_fixes_are_refused_the_others_applied(tmp_path):
+    """Resuming with another global batch or dropout is an error naming both
+    values and the way out, before anything compiles; another learning rate
+    is applied (a rate of 0 leaves the weights as they were), logged in the
+    "resumed" record and written to config.json."""
+    from elmo_jax.stored import open_model
+    from elmo_jax.training.workdir import read_metrics
+
+    files = write_grammar_corpus(tmp_path / "data")
+    work = tmp_path / "run"
+    args = (files["train.txt"], files["vocab.txt"], work)
+    run(tiny(max_steps=2, checkpoint_every=2), *args)
+    for changed, saved, asked in ((tiny(batch_size=16, max_steps=4), "8", "16"),
+                                  (tiny(max_steps=4).replace(
+                                      model=tiny().model.replace(dropout=0.5)), "0.1", "0.5")):
+        with pytest.raises(ConfigError) as e:
+            run(changed, *args)
+        text = str(e.value)
+        assert f"trained with model.{'batch_size' if asked == '16' else 'dropout'} {saved}; " \
+               f"this command asks for {asked}" in text, text
+        assert f"--init_from {work} --workdir NEW_DIR" in text, text
+    before = open_model(str(work)).params
+    run(tiny(max_steps=4, checkpoint_every=2, learning_rate=0.0), *args)
+    after = open_model(str(work), step=4).params
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(a, b)
+    resumed = [m for m in metrics(work) if m.get("event") == "resumed"]
+    assert resumed == [{"step": 2, "event": "resumed", "from_step": 2, "processes": 1,
+                        "devices": jax.device_count(),
+                        "changed": {"train.learning_rate": [0.2, 0.0],
+                                    "train.max_steps": [2, 4]}}], resumed
+    assert json.load(open(work / "config.json"))["train"]["learning_rate"] == 0.0
+    assert [m["step"] for m in read_metrics(work) if "train_loss" in m] == [1, 2, 3, 4]

@@ -95,11 +95,15 @@ def _train(argv, prog):
         sys.exit(supervise(list(argv), f"process {args.process_id} of {args.num_processes}"))
     import jax
 
+    from elmo_jax.training.stopping import catch_signals_now
+
+    catch_signals_now()  # a notice during start-up stops the run before step 1
     if several:
         from elmo_jax.training.pod import initialize
 
         initialize(args.coordinator_address, args.num_processes, args.process_id,
                    args.heartbeat_timeout, args.wait_for_peers)
+        catch_signals_now()  # back from jax's preemption notifier
     from elmo_jax.config import load_config
     from elmo_jax.training import train_and_evaluate
 

@@ -91,7 +91,10 @@ def evaluate(params: dict, options: ElmoOptions, config: TrainConfig, vocab: Voc
         rows=process_rows(mesh, B), tables=tables, once=True,
         shapes=data_lib.TableShapes((shape[0],), (shape[1],)))
     state = init()
-    sums = jax.device_put(np.zeros(3, np.float32), NamedSharding(mesh, P()))
+    # from a callback: device_put over several processes first checks that the
+    # value is the same on each (a gather, compiled mid-run)
+    sums = jax.make_array_from_callback((3,), NamedSharding(mesh, P()),
+                                        lambda index: np.zeros(3, np.float32)[index])
     for _ in range(data_lib.batches_once(corpus, B, U)):  # the same count in every process
         state, sums = step(params, state, sums, global_batch(next(batcher), mesh))
     sums = np.asarray(jax.device_get(sums), np.float64)

@@ -17,6 +17,24 @@ from elmo_jax.training.pod import Decisions, exchange
 from elmo_jax.training.reporting import say
 
 _EXCHANGES = itertools.count()  # names each exchange of this module's (all processes alike)
+_EARLY: dict = {"signal": None, "handlers": {}}  # a signal before training was called
+
+
+def catch_signals_now() -> None:
+    """From now on a SIGINT or SIGTERM is kept for the run to stop on before
+    step 1 (`stop_requests` starts from it). The CLI calls it first, and again
+    after `jax.distributed.initialize`, whose preemption notifier takes SIGTERM
+    over from Python and swallows it."""
+    def early(signum, frame):
+        _EARLY["signal"], _EARLY["at"] = signum, time.time()
+        signal.signal(signum, _EARLY["handlers"][signum])  # a second one acts as usual
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            before = signal.signal(sig, early)
+        except ValueError:  # not the main thread
+            continue
+        _EARLY["handlers"].setdefault(sig, before if before is not early else signal.SIG_DFL)
 
 
 def _name(signum) -> str:
@@ -59,8 +77,12 @@ def stopped_during_start_up(step: int, why: str, requests: dict, log) -> dict:
 
 @contextlib.contextmanager
 def stop_requests():
-    """{"signal": None} until SIGINT or SIGTERM arrives (a second one acts as usual)."""
+    """{"signal": None} until SIGINT or SIGTERM arrives (a second one acts as
+    usual), or the one that came before (`catch_signals_now`)."""
     stop, handlers = {"signal": None}, {}
+    if _EARLY["signal"] is not None:
+        stop.update(signal=_EARLY["signal"], at=_EARLY["at"])
+        _EARLY["signal"] = None
 
     def request_stop(signum, frame):
         stop["signal"], stop["at"] = signum, time.time()
@@ -68,7 +90,8 @@ def stop_requests():
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            handlers[sig] = signal.signal(sig, request_stop)
+            before = signal.signal(sig, request_stop)
+            handlers[sig] = _EARLY["handlers"].get(sig, before)
         except ValueError:  # not the main thread
             pass
     try:
