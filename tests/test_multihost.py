@@ -164,6 +164,7 @@ def test_a_stop_reaching_one_process_stops_both_at_one_step(tmp_path, how):
         resumed = [r for r in map(json.loads, fh) if r.get("event") == "resumed"]
     assert resumed == [{"step": stopped, "event": "resumed", "from_step": stopped,
                         "processes": 2, "devices": 2, "changed": {
+                            "train.checkpoint_every": [10**6, 2],
                             "train.max_steps": [100000, stopped + 2]}}], resumed
     steps = _train_steps(work)
     assert steps[-2:] == [stopped + 1, stopped + 2] and steps.count(stopped + 1) == 1

@@ -114,6 +114,10 @@ def _train(argv, prog):
     config = load_config(args.config, args.set + overrides)
     last = train_and_evaluate(config, args.workdir, progress=not args.no_progress)
     print(json.dumps(last))
+    if several:
+        from elmo_jax.training.pod import finish_together
+
+        finish_together()
 
 
 def _export(argv, prog):

@@ -195,6 +195,28 @@ def failures_stop_every_process():
         finished.set()
 
 
+def finish_together() -> None:
+    """The end of a run of several processes, everything written: wait until
+    every process is here, then leave a mark for `supervise`. jax's teardown at
+    exit (gloo's connections, the coordination service going down with process
+    0) can still abort a process from C++ when a peer leaves first; by then
+    the run is complete on every process, and `supervise` says so."""
+    if jax.process_count() == 1:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    timeout = _SETTINGS["heartbeat_timeout"]
+    try:
+        _client().wait_at_barrier("elmo_jax/finished", int(timeout * 1000))
+    except Exception as e:
+        _leave(f"{_who()} finished, but not every process did within {timeout:g} s "
+               f"(--heartbeat_timeout): {str(e).splitlines()[0] if str(e) else e!r}")
+    path = os.environ.get(PEERS_FILE_ENV)
+    if path:
+        with open(path + ".finished", "w"):
+            pass
+
+
 def agree_on_the_workdir(workdir: str, resume_step: int | None) -> None:
     """Every process must see one workdir (process 0 writes a token there that
     all must read back) and the same newest checkpoint; otherwise one process
@@ -312,6 +334,11 @@ def supervise(argv: list[str], who: str) -> int:
         os.unlink(peers)
     except (OSError, ValueError):
         seen = None
+    finished = os.path.exists(peers + ".finished")  # every process got to the end
+    if finished:
+        os.unlink(peers + ".finished")
+    if rc == -signal.SIGABRT and finished:
+        return 0  # an abort in jax's teardown, after the whole run (`finish_together`)
     if rc == -signal.SIGABRT:
         last = (f"; it last answered {time.time() - seen['now']:.0f} s before" if seen else "")
         sys.stderr.write(f"error: {seen['who'] if seen else who} stopped: lost the coordinator "
