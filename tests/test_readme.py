@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, devices_env
 
 pytestmark = pytest.mark.e2e
 README = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
@@ -71,7 +71,8 @@ def test_sh_blocks_use_real_flags():
 def test_bash_and_python_blocks_run_in_order(tmp_path):
     for name in ("elmo_jax", "configs", "tests", "train.py", "embed.py"):
         os.symlink(os.path.join(REPO, name), tmp_path / name)
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+    # short runs whose time is compiling: LLVM at -O0, as the two-process tests
+    env = dict(devices_env(1, compile_bound=True), PYTHONPATH=REPO)
     ran = 0
     for info, text in BLOCKS:
         if info == "bash":

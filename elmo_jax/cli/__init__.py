@@ -12,32 +12,41 @@ from elmo_jax.huge_pages import reexec_with_huge_pages
 def run_cli(main) -> None:
     """Run `main()` in a process with huge pages for XLA's buffers (huge_pages.py:
     set before JAX is imported, which this module does not do); a user error
-    prints `error: ...` and exits with status 2."""
+    prints `error: ...` and exits with status 2. The error classes are looked
+    up only when something is raised: `--help`, and the parent of a run of
+    several processes (`supervise`), never import jax."""
     reexec_with_huge_pages()
+    try:
+        sys.exit(main())
+    except Exception as e:
+        if not isinstance(e, user_errors()):
+            raise
+        for line in str(e).splitlines() or [""]:  # several faults: a line each
+            print(f"error: {line}", file=sys.stderr)
+        sys.exit(2)
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The exceptions that are a user's mistake (a one-line error, status 2)."""
     from elmo_jax.checkpoints import CheckpointError
     from elmo_jax.config import ConfigError
     from elmo_jax.data import DataError
     from elmo_jax.datasets.common import RecipeError
     from elmo_jax.hub import DownloadError, UnsupportedModel
     from elmo_jax.lexicon import LexiconError
+    from elmo_jax.options import OptionsError
     from elmo_jax.segmentation import SegmentationError
     from elmo_jax.store import StoreError
     from elmo_jax.torch_pickle import TorchPickleError
-    from elmo_jax.options import OptionsError
     from elmo_jax.training import TrainingError
     from elmo_jax.training.targets import TargetError
     from elmo_jax.vocab import VocabError
     from elmo_jax.weights import WeightsError
 
-    try:
-        sys.exit(main())
-    except (ConfigError, DataError, OptionsError, RecipeError, VocabError, WeightsError,
+    return (ConfigError, DataError, OptionsError, RecipeError, VocabError, WeightsError,
             TrainingError, TargetError, CheckpointError, FileNotFoundError, UnicodeError,
             DownloadError, LexiconError, SegmentationError, TorchPickleError, StoreError,
-            UnsupportedModel) as e:
-        for line in str(e).splitlines() or [""]:  # several faults: a line each
-            print(f"error: {line}", file=sys.stderr)
-        sys.exit(2)
+            UnsupportedModel)
 
 
 def print_result(result: dict, out: str | None = None) -> None:

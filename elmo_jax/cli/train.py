@@ -89,7 +89,7 @@ def _train(argv, prog):
 
     several = args.distributed or args.coordinator_address
     if several and not os.environ.get("ELMO_JAX_SUPERVISED"):
-        from elmo_jax.training.pod import supervise
+        from elmo_jax.cli.supervise import supervise
 
         # jax can end a process from C++; its parent then says why in one line
         sys.exit(supervise(list(argv), f"process {args.process_id} of {args.num_processes}"))
@@ -282,7 +282,7 @@ def main(argv=None, prog: str = "train.py"):
 
 
 
-if __name__ == "__main__":  # the child of `pod.supervise`
+if __name__ == "__main__":  # the child of `elmo_jax.cli.supervise`
     from elmo_jax.cli import run_cli
 
     run_cli(main)

@@ -16,8 +16,8 @@ appears. The same thread counts up a key of its own each second: a peer whose
 count stays still for `heartbeat_timeout` seconds (stopped, its host gone)
 ends the survivors with a line naming it and how long they waited, before
 jax's own heartbeat (set later) would abort them from C++. A coordinator
-(process 0) that dies outright ends the others in C++ at once; `supervise`,
-the parent of each training process, turns that abort into the same line.
+(process 0) that dies outright ends the others in C++ at once;
+`elmo_jax.cli.supervise`, the parent of each training process, turns that abort into the same line.
 Before training the processes check that they share the workdir and its
 newest checkpoint (`agree_on_the_workdir`) and the facts of the run
 (`agree_on_the_run`).
@@ -29,8 +29,6 @@ import contextlib
 import itertools
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -40,6 +38,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from elmo_jax.cli.supervise import FINISHED_SUFFIX, PEERS_FILE_ENV
+
 KEY = "elmo_jax/failed/"
 ALIVE = "elmo_jax/alive/"
 POLL_SECONDS = 1.0
@@ -47,7 +47,6 @@ HEARTBEAT_TIMEOUT = 100.0  # seconds a peer may stay silent (--heartbeat_timeout
 WAIT_FOR_PEERS = 300.0     # seconds to wait for every process at start (--wait_for_peers)
 JAX_MARGIN = 60            # jax's own timeouts come this much later than ours
 _SETTINGS = {"heartbeat_timeout": HEARTBEAT_TIMEOUT}
-PEERS_FILE_ENV = "ELMO_JAX_PEERS_FILE"  # where the watcher says whom it last heard (supervise)
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -96,7 +95,9 @@ def _client():
 
 
 def _leave(message: str, details: str = "") -> None:
-    sys.stderr.write(f"error: {message}\n{details}")
+    """Exit with status 2: `error: ` before each line of `message` (an error of
+    several faults, or with its way out, has a line each), then `details`."""
+    sys.stderr.write("".join(f"error: {line}\n" for line in message.splitlines()) + details)
     sys.stderr.flush()
     os._exit(2)
 
@@ -182,7 +183,7 @@ def failures_stop_every_process():
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:
-        message = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
+        message = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__  # every line
         try:
             client.key_value_set(f"{KEY}{jax.process_index()}", message)
         except Exception:
@@ -213,7 +214,7 @@ def finish_together() -> None:
                f"(--heartbeat_timeout): {str(e).splitlines()[0] if str(e) else e!r}")
     path = os.environ.get(PEERS_FILE_ENV)
     if path:
-        with open(path + ".finished", "w"):
+        with open(path + FINISHED_SUFFIX, "w"):
             pass
 
 
@@ -305,51 +306,6 @@ def agree_on_the_run(facts: dict) -> None:
         raise TrainingError("the processes were not given the same run, so nothing was trained "
                             "or written: " + "; ".join(problems) + ". Give every process the "
                             "same files, vocabulary and settings")
-
-
-def supervise(argv: list[str], who: str) -> int:
-    """Run the training command `argv` in a child process and return its exit
-    status, passing SIGTERM and SIGINT on. jax ends a process from C++
-    (SIGABRT) as soon as the coordinator (process 0) is gone, before Python
-    can say a word: then this says which process was lost and when it was
-    last heard (the child's watcher writes that down each second), and
-    returns 2."""
-    import tempfile
-
-    fd, peers = tempfile.mkstemp(prefix="elmo-jax-peers-", suffix=".json")
-    os.close(fd)
-    os.unlink(peers)
-    env = dict(os.environ, ELMO_JAX_SUPERVISED="1", **{PEERS_FILE_ENV: peers})
-    # a session of its own: a Ctrl-C reaches it once, from here
-    # the same command line (a wrapper around train.py included), unless called with other args
-    from_command_line = sys.argv[len(sys.argv) - len(argv):] == list(argv)
-    own = sys.orig_argv[1:] if from_command_line else ["-m", "elmo_jax.cli.train", *argv]
-    child = subprocess.Popen([sys.executable, *own], env=env, start_new_session=True)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: child.send_signal(signum))
-    rc = child.wait()
-    try:
-        with open(peers) as fh:
-            seen = json.load(fh)
-        os.unlink(peers)
-    except (OSError, ValueError):
-        seen = None
-    finished = os.path.exists(peers + ".finished")  # every process got to the end
-    if finished:
-        os.unlink(peers + ".finished")
-    if rc == -signal.SIGABRT and finished:
-        return 0  # an abort in jax's teardown, after the whole run (`finish_together`)
-    if rc == -signal.SIGABRT:
-        last = (f"; it last answered {time.time() - seen['now']:.0f} s before" if seen else "")
-        sys.stderr.write(f"error: {seen['who'] if seen else who} stopped: lost the coordinator "
-                         f"(process 0): it could no longer be reached, and jax's distributed "
-                         f"service ended this process{last}. Resume with the same command on "
-                         "every host once process 0's host is back\n")
-        return 2
-    if rc < 0:
-        sys.stderr.write(f"error: {who} was ended by {signal.Signals(-rc).name}\n")
-        return 128 - rc
-    return rc
 
 
 class Decisions:
