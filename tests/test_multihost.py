@@ -3,6 +3,7 @@
 the global batch, the step runs over the global mesh, process 0 writes the
 metrics, checkpoints hold every row's data position, a restart of both resumes,
 and so does one process alone (and two from one). Marked e2e."""
+import glob
 import json
 import os
 import re
@@ -264,17 +265,20 @@ def test_two_processes_with_different_workdirs_stop_with_a_clear_error(tmp_path)
 
 def test_evaluation_and_init_from_over_two_processes(tmp_path):
     """Each process scores its share of the held-out streams; the perplexity is
-    the single-process one. --init_from WORKDIR restores on each process's own
-    devices."""
+    the single-process one; each process's profile trace is its own.
+    --init_from WORKDIR restores on each process's own devices."""
     from elmo_jax import training
 
     pattern = _sharded_corpus(tmp_path)
     heldout = str(tmp_path / "data" / "heldout.txt")
     work = str(tmp_path / "run")
-    extra = ("--eval_files", heldout, "--max_steps", "30")
+    extra = ("--eval_files", heldout, "--max_steps", "30", "--set", "train.profile_steps=5:6")
     records = _finish(_start_two_hosts(pattern, work, 30, checkpoint_every=30,
                                        extra=(extra, extra)))
     assert records[0]["eval_ppl"] == records[1]["eval_ppl"]
+    for i in range(2):  # each process's trace in a folder of its own
+        traces = os.path.join(work, "tensorboard", f"process-{i}", "plugins", "profile", "*", "*")
+        assert any(t.endswith(".xplane.pb") for t in glob.glob(traces)), traces
     # the save at step 30 and the evaluation compiled nothing, on either process
     assert [r["compiled_since_step_1"] for r in records] == [0, 0], records
     single = training.evaluate_workdir(work, heldout)

@@ -498,6 +498,24 @@ def _tensorboard_scalars(directory):
     return out
 
 
+def test_the_progress_bar_leaves_out_start_up():
+    """The bar appears once step 1 is done: its elapsed time, so its rate and
+    ETA, start there, not at the launch (on a pod, minutes of compiling)."""
+    from elmo_jax.training.reporting import Progress
+
+    bar = Progress(0, 100, None, enabled=True)
+    time.sleep(1.0)  # start-up, compiling
+    bar.update(1)
+    assert bar.bar is None  # nothing shown before step 1
+    bar.begin(1)
+    for step in range(1, 11):
+        bar.update(step)
+    shown = bar.bar.format_dict
+    assert shown["n"] == 10 and shown["total"] == 100
+    assert shown["elapsed"] < 0.5, shown  # the second of start-up is not in the rate
+    bar.close()
+
+
 def test_metrics_also_go_to_tensorboard_and_a_profile_on_request(tmp_path):
     files = write_grammar_corpus(tmp_path / "data")
     run(tiny(max_steps=4, log_every=2, profile_steps="2:3"), files["train.txt"],
