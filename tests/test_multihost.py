@@ -246,6 +246,7 @@ def test_a_bad_shard_on_one_process_stops_both_naming_the_file(tmp_path):
         assert p.returncode != 0, err[-3000:]
         first = next(line for line in err.splitlines() if line.startswith("error:"))
         assert f"process {i} of 2" in first and f"{bad}, line {len(lines) - 2}" in first, err
+        assert "Traceback" not in err, err  # a user's mistake: its line, as in one process
     assert "because process 1 failed" in outs[0][1]
 
 

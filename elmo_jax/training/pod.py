@@ -168,7 +168,8 @@ def _watch_the_watcher(finished: threading.Event, answered: list) -> None:
 def failures_stop_every_process():
     """Around a multi-process run (nothing happens in a single process): watch
     for the others' failures; on an exception here, tell them and leave with
-    status 2, the message first."""
+    status 2, the message first (and the traceback, unless it is a user's
+    mistake: `cli.user_errors`)."""
     if jax.process_count() == 1:
         yield
         return
@@ -191,7 +192,9 @@ def failures_stop_every_process():
         if jax.process_index() == 0:  # keep the store up until the others have read it
             time.sleep(3 * POLL_SECONDS)
         finished.set()
-        _leave(f"{_who()}: {message}", traceback.format_exc())
+        from elmo_jax.cli import user_errors  # a user's mistake: its line, as alone
+
+        _leave(f"{_who()}: {message}", "" if isinstance(e, user_errors()) else traceback.format_exc())
     finally:
         finished.set()
 
