@@ -392,6 +392,30 @@ def test_a_notice_or_a_lost_peer_during_start_up(tmp_path, who, what):
         assert procs[0].returncode == 128 + signal.SIGKILL
 
 
+def test_a_signal_at_launch_is_kept(tmp_path):
+    """SIGTERM to process 1 the moment its training process is spawned, before
+    Python there could catch it (it starts with the signal blocked, so it is
+    pending): both stop before step 1 as for a signal while compiling."""
+    pattern = _sharded_corpus(tmp_path)
+    work = tmp_path / "run"
+    wait = ("--wait_for_peers", "30")
+    procs = _start_two_hosts(pattern, str(work), 50, extra=(wait, wait))
+    t0 = time.time()
+    while True:
+        try:
+            _child(procs[1])
+            break
+        except (OSError, IndexError):  # not spawned yet
+            assert time.time() - t0 < 60 and procs[1].poll() is None
+            time.sleep(0.002)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    records = [json.loads(x) for x in open(work / "metrics.jsonl")]
+    assert records[-1]["event"] == "stopped" and records[-1]["before_step_1"], records
+    assert records[-1]["signal"] == "process 1: SIGTERM" and _checkpoints(work) == []
+
+
 def test_a_process_alone_says_it_waits_and_gives_up(tmp_path):
     """Process 1 started without the others: a line while it waits, then status
     2 and an error line at --wait_for_peers."""

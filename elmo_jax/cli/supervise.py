@@ -34,9 +34,17 @@ def supervise(argv: list[str], who: str) -> int:
     # the same command line (a wrapper around train.py included), unless called with other args
     from_command_line = sys.argv[len(sys.argv) - len(argv):] == list(argv)
     own = sys.orig_argv[1:] if from_command_line else ["-m", "elmo_jax.cli.train", *argv]
-    child = subprocess.Popen([sys.executable, *own], env=env, start_new_session=True)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+    # the child starts with SIGINT and SIGTERM blocked (a mask survives exec), so
+    # that one sent before it can keep it (`catch_signals_now`) waits, pending;
+    # one sent here meanwhile is passed on once the handlers are in place
+    signals = (signal.SIGINT, signal.SIGTERM)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        child = subprocess.Popen([sys.executable, *own], env=env, start_new_session=True)
+        for sig in signals:
+            signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     rc = child.wait()
     try:
         with open(peers) as fh:

@@ -24,7 +24,9 @@ def catch_signals_now() -> None:
     """From now on a SIGINT or SIGTERM is kept for the run to stop on before
     step 1 (`stop_requests` starts from it). The CLI calls it first, and again
     after `jax.distributed.initialize`, whose preemption notifier takes SIGTERM
-    over from Python and swallows it."""
+    over from Python and swallows it. Under `supervise` the process starts
+    with SIGINT and SIGTERM blocked: one that came since is pending, and is
+    kept here once they are unblocked."""
     def early(signum, frame):
         _EARLY["signal"], _EARLY["at"] = signum, time.time()
         signal.signal(signum, _EARLY["handlers"][signum])  # a second one acts as usual
@@ -35,6 +37,7 @@ def catch_signals_now() -> None:
         except ValueError:  # not the main thread
             continue
         _EARLY["handlers"].setdefault(sig, before if before is not early else signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
 
 
 def _name(signum) -> str:
