@@ -36,8 +36,8 @@ def _train_cmd(files, workdir, max_steps, checkpoint_every):
 
 
 def _start_two_hosts(files, workdir, max_steps, checkpoint_every=2, extra=((), ()), wrapper=(),
-                     env=None):
-    port = _free_port()
+                     env=None, port=None, which=(0, 1)):
+    port = port or _free_port()
     env = dict(devices_env(1, compile_bound=True), JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
                **(env or {}))
     return [subprocess.Popen(
@@ -45,7 +45,7 @@ def _start_two_hosts(files, workdir, max_steps, checkpoint_every=2, extra=((), (
          *_train_cmd(files, workdir, max_steps, checkpoint_every)[1:]]
         + ["--coordinator_address", f"localhost:{port}", "--num_processes", "2",
            "--process_id", str(i), *extra[i]],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in which]
 
 
 def _one_host(files, workdir, max_steps, checkpoint_every=2, devices=2):
@@ -392,28 +392,65 @@ def test_a_notice_or_a_lost_peer_during_start_up(tmp_path, who, what):
         assert procs[0].returncode == 128 + signal.SIGKILL
 
 
-def test_a_signal_at_launch_is_kept(tmp_path):
+@pytest.mark.parametrize("when", ["at launch", "while waiting alone"])
+def test_a_signal_before_the_processes_meet_is_kept(tmp_path, when):
     """SIGTERM to process 1 the moment its training process is spawned, before
     Python there could catch it (it starts with the signal blocked, so it is
-    pending): both stop before step 1 as for a signal while compiling."""
+    pending), or while it waits alone for process 0 (in jax's C++ wait): both
+    stop before step 1 as for a signal while compiling."""
     pattern = _sharded_corpus(tmp_path)
-    work = tmp_path / "run"
-    wait = ("--wait_for_peers", "30")
-    procs = _start_two_hosts(pattern, str(work), 50, extra=(wait, wait))
-    t0 = time.time()
-    while True:
-        try:
-            _child(procs[1])
-            break
-        except (OSError, IndexError):  # not spawned yet
-            assert time.time() - t0 < 60 and procs[1].poll() is None
-            time.sleep(0.002)
-    procs[1].send_signal(signal.SIGTERM)
+    work, port = tmp_path / "run", _free_port()
+    wait = ("--wait_for_peers", "30" if when == "at launch" else "15")  # saying so at 5 s
+    start = lambda i: _start_two_hosts(pattern, str(work), 50, extra=(wait, wait), port=port,
+                                       which=(i,))[0]
+    later, t0 = start(1), time.time()
+    if when == "at launch":
+        while True:
+            try:
+                _child(later)
+                break
+            except (OSError, IndexError):  # not spawned yet
+                assert time.time() - t0 < 60 and later.poll() is None
+                time.sleep(0.002)
+        later.send_signal(signal.SIGTERM)
+        first = start(0)
+    else:
+        said = [later.stderr.readline()]  # its first line: waiting
+        assert "process 1 of 2: waiting for the other processes" in said[0], said
+        later.send_signal(signal.SIGTERM)
+        said.append(later.stderr.readline())
+        assert "SIGTERM kept while waiting for the other processes" in said[1], said
+        first = start(0)
+    procs = [first, later]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
     records = [json.loads(x) for x in open(work / "metrics.jsonl")]
     assert records[-1]["event"] == "stopped" and records[-1]["before_step_1"], records
     assert records[-1]["signal"] == "process 1: SIGTERM" and _checkpoints(work) == []
+
+
+def test_a_process_waiting_for_its_peers_keeps_one_signal_and_ends_at_a_second(tmp_path):
+    """Ctrl-C while process 1 waits alone (its peers never started): the first
+    SIGINT is kept for the agreed stop and said so; a second ends it at once,
+    status 130, though jax's wait (in C++) has 30 s to go."""
+    pattern = _sharded_corpus(tmp_path)
+    cmd = [*_train_cmd(pattern, str(tmp_path / "run"), 4, 2), "--coordinator_address",
+           f"localhost:{_free_port()}", "--num_processes", "2", "--process_id", "1",
+           "--wait_for_peers", "30"]
+    p = subprocess.Popen(cmd, env=devices_env(1), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    t0, lines = time.time(), []
+    while not any("SIGINT kept while waiting" in x for x in lines):
+        lines.append(p.stderr.readline())
+        assert lines[-1], lines  # it ended or waited out without saying it kept the signal
+    p.send_signal(signal.SIGINT)
+    rest = p.communicate(timeout=60)[1]
+    assert p.returncode == 130, lines + [rest]
+    assert time.time() - t0 < 15, lines + [rest]
+    assert "process 1 of 2: stopped by SIGINT while waiting for the other processes" in rest, rest
+    assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
 
 
 def test_a_process_alone_says_it_waits_and_gives_up(tmp_path):

@@ -102,7 +102,7 @@ def _train(argv, prog):
         from elmo_jax.training.pod import initialize
 
         initialize(args.coordinator_address, args.num_processes, args.process_id,
-                   args.heartbeat_timeout, args.wait_for_peers)
+                   args.heartbeat_timeout, args.wait_for_peers, keep_a_signal=True)
         catch_signals_now()  # back from jax's preemption notifier
     from elmo_jax.config import load_config
     from elmo_jax.training import train_and_evaluate

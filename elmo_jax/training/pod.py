@@ -29,6 +29,8 @@ import contextlib
 import itertools
 import json
 import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -51,22 +53,53 @@ _SETTINGS = {"heartbeat_timeout": HEARTBEAT_TIMEOUT}
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
-               wait_for_peers: float = WAIT_FOR_PEERS) -> None:
+               wait_for_peers: float = WAIT_FOR_PEERS, keep_a_signal: bool = False) -> None:
     """`jax.distributed.initialize` (None: the cluster from the environment),
     saying every 30 s (a third of `wait_for_peers` when shorter) that it waits
     for the others, and leaving with status 2 and an error line after
-    `wait_for_peers` seconds. `heartbeat_timeout`: how long a silent peer is
-    waited for once running (`failures_stop_every_process`)."""
+    `wait_for_peers` seconds. A SIGINT or SIGTERM meanwhile ends the process at
+    once; with `keep_a_signal` (training: `stopping.catch_signals_now`) the
+    first, or one before, is kept for the stop before step 1 and a second ends
+    it. `heartbeat_timeout`: how long a silent peer is waited for once running
+    (`failures_stop_every_process`)."""
     if heartbeat_timeout <= 0 or wait_for_peers <= 0:
         raise ValueError("--heartbeat_timeout and --wait_for_peers must be positive")
     _SETTINGS["heartbeat_timeout"] = float(heartbeat_timeout)
     who = f"process {process_id if process_id is not None else '?'} of {num_processes or '?'}"
     where = coordinator_address or "the cluster's coordinator"
     met = threading.Event()
+    # the main thread waits in C++, where Python's handlers cannot run: a signal
+    # reaches the thread below through a wakeup fd (its handler here does nothing)
+    from elmo_jax.training.stopping import early_signal, keep_signal
+
+    kept = early_signal() if keep_a_signal else None
+    signals = [kept] if kept else []
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    previous = signal.set_wakeup_fd(wake_w)
+    handlers = {sig: signal.signal(sig, lambda signum, frame: None)
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def read_signals(timeout):
+        if select.select([wake_r], [], [], timeout)[0]:
+            signals.extend(signal.Signals(b).name for b in os.read(wake_r, 64)
+                           if b in (signal.SIGINT, signal.SIGTERM))
 
     def wait_and_say():
         t0, every = time.time(), min(30.0, max(wait_for_peers / 3, 1.0))
-        while not met.wait(every):
+        said, told = t0, 0
+        while not met.is_set():
+            if len(signals) > told:
+                told = len(signals)
+                if told >= (2 if keep_a_signal else 1):
+                    sys.stderr.write(f"{who}: stopped by {signals[-1]} while waiting for the "
+                                     f"other processes at {where}: nothing was started\n")
+                    sys.stderr.flush()
+                    os._exit(128 + signal.Signals[signals[-1]])
+                sys.stderr.write(f"{who}: {signals[0]} kept while waiting for the other "
+                                 "processes: every process stops before step 1 once all have "
+                                 "joined; another SIGINT or SIGTERM ends this one now\n")
+                sys.stderr.flush()
             waited = time.time() - t0
             if waited >= wait_for_peers - 1e-3:
                 _leave(f"{who} waited {waited:.0f} s for every process to join at {where} and "
@@ -74,19 +107,31 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                        f"{num_processes or ''} processes with the same --coordinator_address "
                        "and --num_processes, process 0 where that address points, or allow "
                        "longer")
-            sys.stderr.write(f"{who}: waiting for the other processes at {where} "
-                             f"({waited:.0f} s of at most {wait_for_peers:g} s)\n")
-            sys.stderr.flush()
+            if time.time() - said >= every:
+                said = time.time()
+                sys.stderr.write(f"{who}: waiting for the other processes at {where} "
+                                 f"({waited:.0f} s of at most {wait_for_peers:g} s)\n")
+                sys.stderr.flush()
+            read_signals(0.2)
 
-    threading.Thread(target=wait_and_say, daemon=True, name="elmo-jax-wait-for-peers").start()
+    thread = threading.Thread(target=wait_and_say, daemon=True, name="elmo-jax-wait-for-peers")
+    thread.start()
     try:
         jax.distributed.initialize(
             coordinator_address, num_processes, process_id,
             initialization_timeout=int(wait_for_peers) + JAX_MARGIN,
             heartbeat_timeout_seconds=int(heartbeat_timeout) + JAX_MARGIN)
     finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(previous)
         met.set()
-
+        thread.join()
+        read_signals(0)  # one that came as the wait ended
+        os.close(wake_r)
+        os.close(wake_w)
+    if keep_a_signal and signals and not kept:
+        keep_signal(signals[0])  # for the stop before step 1
 
 def _client():
     from jax._src import distributed  # the coordination service's client (orbax uses it too)
