@@ -429,16 +429,20 @@ def test_a_signal_before_the_processes_meet_is_kept(tmp_path, when):
     assert records[-1]["signal"] == "process 1: SIGTERM" and _checkpoints(work) == []
 
 
+def _process_1_alone(tmp_path, wait_for_peers):
+    """The command of process 1 of 2, whose process 0 never starts."""
+    pattern = _sharded_corpus(tmp_path)
+    return [*_train_cmd(pattern, str(tmp_path / "run"), 4, 2), "--coordinator_address",
+            f"localhost:{_free_port()}", "--num_processes", "2", "--process_id", "1",
+            "--wait_for_peers", str(wait_for_peers)]
+
+
 def test_a_process_waiting_for_its_peers_keeps_one_signal_and_ends_at_a_second(tmp_path):
     """Ctrl-C while process 1 waits alone (its peers never started): the first
     SIGINT is kept for the agreed stop and said so; a second ends it at once,
     status 130, though jax's wait (in C++) has 30 s to go."""
-    pattern = _sharded_corpus(tmp_path)
-    cmd = [*_train_cmd(pattern, str(tmp_path / "run"), 4, 2), "--coordinator_address",
-           f"localhost:{_free_port()}", "--num_processes", "2", "--process_id", "1",
-           "--wait_for_peers", "30"]
-    p = subprocess.Popen(cmd, env=devices_env(1), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(_process_1_alone(tmp_path, 30), env=devices_env(1),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)
     p.send_signal(signal.SIGINT)
     t0, lines = time.time(), []
@@ -456,12 +460,9 @@ def test_a_process_waiting_for_its_peers_keeps_one_signal_and_ends_at_a_second(t
 def test_a_process_alone_says_it_waits_and_gives_up(tmp_path):
     """Process 1 started without the others: a line while it waits, then status
     2 and an error line at --wait_for_peers."""
-    pattern = _sharded_corpus(tmp_path)
-    cmd = [*_train_cmd(pattern, str(tmp_path / "run"), 4, 2), "--coordinator_address",
-           f"localhost:{_free_port()}", "--num_processes", "2", "--process_id", "1",
-           "--wait_for_peers", "6"]
     t0 = time.time()
-    r = subprocess.run(cmd, env=devices_env(1), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(_process_1_alone(tmp_path, 6), env=devices_env(1), capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode == 2, r.stderr[-3000:]
     assert time.time() - t0 < 60
     assert "process 1 of 2: waiting for the other processes at localhost:" in r.stderr, r.stderr

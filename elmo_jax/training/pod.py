@@ -17,7 +17,8 @@ count stays still for `heartbeat_timeout` seconds (stopped, its host gone)
 ends the survivors with a line naming it and how long they waited, before
 jax's own heartbeat (set later) would abort them from C++. A coordinator
 (process 0) that dies outright ends the others in C++ at once;
-`elmo_jax.cli.supervise`, the parent of each training process, turns that abort into the same line.
+`elmo_jax.cli.supervise`, the parent of each training process, turns that
+abort into the same line.
 Before training the processes check that they share the workdir and its
 newest checkpoint (`agree_on_the_workdir`) and the facts of the run
 (`agree_on_the_run`).
@@ -73,7 +74,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     from elmo_jax.training.stopping import early_signal, keep_signal
 
     kept = early_signal() if keep_a_signal else None
-    signals = [kept] if kept else []
+    signals = [kept] if kept else []  # signal.Signals, in the order they came
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     previous = signal.set_wakeup_fd(wake_w)
@@ -82,8 +83,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 
     def read_signals(timeout):
         if select.select([wake_r], [], [], timeout)[0]:
-            signals.extend(signal.Signals(b).name for b in os.read(wake_r, 64)
-                           if b in (signal.SIGINT, signal.SIGTERM))
+            signals.extend(signal.Signals(b) for b in os.read(wake_r, 64)
+                           if b in (signal.SIGINT, signal.SIGTERM))  # not the 0 of the end
 
     def wait_and_say():
         t0, every = time.time(), min(30.0, max(wait_for_peers / 3, 1.0))
@@ -92,11 +93,11 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
             if len(signals) > told:
                 told = len(signals)
                 if told >= (2 if keep_a_signal else 1):
-                    sys.stderr.write(f"{who}: stopped by {signals[-1]} while waiting for the "
-                                     f"other processes at {where}: nothing was started\n")
+                    sys.stderr.write(f"{who}: stopped by {signals[-1].name} while waiting for "
+                                     f"the other processes at {where}: nothing was started\n")
                     sys.stderr.flush()
-                    os._exit(128 + signal.Signals[signals[-1]])
-                sys.stderr.write(f"{who}: {signals[0]} kept while waiting for the other "
+                    os._exit(128 + signals[-1])
+                sys.stderr.write(f"{who}: {signals[0].name} kept while waiting for the other "
                                  "processes: every process stops before step 1 once all have "
                                  "joined; another SIGINT or SIGTERM ends this one now\n")
                 sys.stderr.flush()
@@ -126,12 +127,14 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
             signal.signal(sig, handler)
         signal.set_wakeup_fd(previous)
         met.set()
+        os.write(wake_w, b"\0")  # the thread's select returns now, not at its timeout
         thread.join()
         read_signals(0)  # one that came as the wait ended
         os.close(wake_r)
         os.close(wake_w)
     if keep_a_signal and signals and not kept:
         keep_signal(signals[0])  # for the stop before step 1
+
 
 def _client():
     from jax._src import distributed  # the coordination service's client (orbax uses it too)
@@ -239,7 +242,8 @@ def failures_stop_every_process():
         finished.set()
         from elmo_jax.cli import user_errors  # a user's mistake: its line, as alone
 
-        _leave(f"{_who()}: {message}", "" if isinstance(e, user_errors()) else traceback.format_exc())
+        _leave(f"{_who()}: {message}",
+               "" if isinstance(e, user_errors()) else traceback.format_exc())
     finally:
         finished.set()
 

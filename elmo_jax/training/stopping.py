@@ -40,15 +40,15 @@ def catch_signals_now() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
 
 
-def early_signal() -> str | None:
-    """The name of the signal `catch_signals_now` kept, if one came."""
-    return None if _EARLY["signal"] is None else _name(_EARLY["signal"])
+def early_signal() -> signal.Signals | None:
+    """The signal `catch_signals_now` kept, if one came."""
+    return None if _EARLY["signal"] is None else signal.Signals(_EARLY["signal"])
 
 
-def keep_signal(name: str) -> None:
-    """Keep signal `name` as `catch_signals_now` would have (it came while
+def keep_signal(signum: signal.Signals) -> None:
+    """Keep `signum` as `catch_signals_now` would have (it came while
     `pod.initialize` waited)."""
-    _EARLY["signal"], _EARLY["at"] = signal.Signals[name], time.time()
+    _EARLY["signal"], _EARLY["at"] = signum, time.time()
 
 
 def _name(signum) -> str:
