@@ -30,6 +30,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from elmo_jax import paths
+from elmo_jax.errors import UserError
+
 CHECKPOINT_DIR = "checkpoints"
 
 # orbax's replica-parallel save has each replica write a slice of an array,
@@ -45,8 +48,24 @@ LEGACY_STATE_ITEM = "state"  # the layout before params/ and train/ (2026-11)
 TRAIN_FIELDS = ("step", "opt_state", "lstm_state", "rng")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing or cannot be read; the message says what to do."""
+
+
+def checkpoint_dir(workdir: str) -> str:
+    """WORKDIR/checkpoints: absolute when local, as given in a gs:// bucket
+    (orbax writes there directly: each process its part, committed by a
+    marker object, the way orbax commits on GCS). An s3:// workdir is refused:
+    orbax 0.12 cannot write checkpoints to S3."""
+    workdir = paths.check(workdir)
+    if paths.scheme(workdir) == "s3":
+        raise CheckpointError(
+            f"{workdir}: checkpoints cannot be written to s3:// (orbax 0.12 turns s3://B into "
+            "s3:/B); train with a --workdir in gs:// or on a folder every host shares (NFS, "
+            "Lustre, EFS), and keep data, exports and stores on s3://")
+    if paths.is_remote(workdir):
+        return paths.join(workdir, CHECKPOINT_DIR)
+    return os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
 
 
 def manager(workdir: str, max_to_keep: int = 3,
@@ -56,7 +75,7 @@ def manager(workdir: str, max_to_keep: int = 3,
     if asynchronous is None:
         asynchronous = jax.default_backend() != "cpu"
     return ocp.CheckpointManager(
-        os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR)),
+        checkpoint_dir(workdir),
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                              enable_async_checkpointing=asynchronous))
 
@@ -87,17 +106,17 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, abstract_cur
     """(TrainState, data JSON, cursors or None) of checkpoint `step`, laid out
     as `abstract_state` and `abstract_cursors` (ShapeDtypeStructs with
     shardings) say; cursors are None where the checkpoint has none."""
-    where = os.path.join(str(mngr.directory), str(step))
+    where = paths.join(str(mngr.directory), str(step))
     cursors = None
     try:
-        if os.path.isdir(os.path.join(where, LEGACY_STATE_ITEM)):
+        if paths.isdir(paths.join(where, LEGACY_STATE_ITEM)):
             out = mngr.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
             return out["state"], out["data"], None
         train = {k: getattr(abstract_state, k) for k in TRAIN_FIELDS}
         items = dict(params=ocp.args.StandardRestore(abstract_state.params),
                      train=ocp.args.StandardRestore(train), data=ocp.args.JsonRestore())
-        has_cursors = os.path.isdir(os.path.join(where, "cursors"))
+        has_cursors = paths.isdir(paths.join(where, "cursors"))
         if has_cursors and abstract_cursors is not None:
             items["cursors"] = ocp.args.StandardRestore({"cursors": abstract_cursors})
         out = mngr.restore(step, args=ocp.args.Composite(**items))
@@ -110,10 +129,10 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, abstract_cur
 
 def latest_step(workdir: str) -> int | None:
     """The newest whole checkpoint of `workdir` (None: none yet)."""
-    directory = os.path.join(workdir, CHECKPOINT_DIR)
-    if not os.path.isdir(directory):
+    directory = checkpoint_dir(workdir)
+    if not paths.isdir(directory):
         return None
-    return ocp.CheckpointManager(os.path.abspath(directory)).latest_step()
+    return ocp.CheckpointManager(directory).latest_step()
 
 
 def read_params(workdir: str, step: int | None = None) -> tuple[int, dict]:
@@ -123,9 +142,9 @@ def read_params(workdir: str, step: int | None = None) -> tuple[int, dict]:
     step = latest_step(workdir) if step is None else step
     if step is None:
         raise CheckpointError(f"{workdir} has no checkpoint yet")
-    where = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR, str(step))
-    legacy = os.path.isdir(os.path.join(where, LEGACY_STATE_ITEM))
-    item = os.path.join(where, LEGACY_STATE_ITEM if legacy else "params")
+    where = paths.join(checkpoint_dir(workdir), str(step))
+    legacy = paths.isdir(paths.join(where, LEGACY_STATE_ITEM))
+    item = paths.join(where, LEGACY_STATE_ITEM if legacy else "params")
     # the item's handler, not a Checkpointer: a Checkpointer looks for the
     # step's metadata inside the item and warns that it is not there
     handler, item = ocp.PyTreeCheckpointHandler(), epath.Path(item)

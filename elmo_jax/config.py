@@ -154,7 +154,27 @@ def config_from_dict(d: dict) -> Config:
                               f"train.learning_rate ({stated}) disagree: set only one")
         train = dataclasses.replace(train, learning_rate=model.learning_rate)
     check_ranges(train)
+    check_paths(data)
     return Config(model=model, train=train, data=data, description=d.get("description", ""))
+
+
+def check_paths(data: DataConfig) -> None:
+    """Every path of the data section is local, gs:// or s3:// (`paths`), or
+    one ConfigError a line each; `init_from` may also be a URL or a name."""
+    from elmo_jax import paths
+
+    bad = []
+    for name in ("train_files", "eval_files", "vocab_file", "init_from"):
+        value = getattr(data, name)
+        if value is None or (name == "init_from" and str(value).lower().startswith(
+                ("http://", "https://"))):
+            continue
+        try:
+            paths.check(value)
+        except paths.PathError as e:
+            bad.append(f"data.{name}: {e}")
+    if bad:
+        raise ConfigError("\n".join(bad))
 
 
 # (field, the smallest value it takes, whether that value itself is allowed,

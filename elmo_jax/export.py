@@ -22,6 +22,7 @@ import os
 import warnings
 from typing import NamedTuple
 
+from elmo_jax import paths
 from elmo_jax.lexicon import LEXICON_FILE, Lexicon, LexiconError
 from elmo_jax.options import ElmoOptions
 from elmo_jax.vocab import VocabError, Vocabulary
@@ -46,12 +47,18 @@ class Export(NamedTuple):
 def save_export(out_dir: str | os.PathLike, params: dict, options: ElmoOptions,
                 vocab: Vocabulary | None = None, softmax: dict | None = None,
                 lexicon: Lexicon | None = None) -> str:
-    """Write the folder; returns its path. Each file appears whole or not at all."""
-    out_dir = os.fspath(out_dir)
+    """Write the folder (local or in a bucket); returns its path. Each file
+    appears whole or not at all."""
+    out_dir = paths.check(out_dir)
     if (lexicon is not None) != (options.char_cnn.spelling == "lexicon"):
         raise LexiconError("a model that spells with a lexicon is exported with it, and "
                            "only such a model")
-    os.makedirs(out_dir, exist_ok=True)
+    with paths.written_folder(out_dir) as local:
+        _write_export(local, params, options, vocab, softmax, lexicon)
+    return out_dir
+
+
+def _write_export(out_dir: str, params, options, vocab, softmax, lexicon) -> None:
     if lexicon is not None:
         lexicon.save(out_dir)
     inference = options.for_inference()
@@ -63,7 +70,6 @@ def save_export(out_dir: str | os.PathLike, params: dict, options: ElmoOptions,
         if vocab is None or len(vocab) != softmax["w"].shape[0]:
             raise WeightsError("the softmax is written with the vocabulary of its rows")
         save_softmax(os.path.join(out_dir, SOFTMAX_FILE), softmax)
-    return out_dir
 
 
 def export_files(path: str | os.PathLike, options: str | os.PathLike | None = None

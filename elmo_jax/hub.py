@@ -50,6 +50,7 @@ import urllib.parse
 import urllib.request
 import zipfile
 
+from elmo_jax import paths
 from elmo_jax.files import write_json
 from elmo_jax.registry import REGISTRY, File, Published
 
@@ -141,6 +142,8 @@ def resolve(model: str | os.PathLike, options: str | os.PathLike | None = None,
         return fetch_published(REGISTRY[model], progress, softmax), None
     if is_url(model):
         return _fetch_url_model(str(model), options, progress)
+    if paths.is_remote(model):
+        return _remote_model(paths.check(model), options)
     path = os.fspath(model)
     if not os.path.exists(path):
         if isinstance(model, str) and os.sep not in path and not path.startswith("."):
@@ -157,6 +160,29 @@ def resolve(model: str | os.PathLike, options: str | os.PathLike | None = None,
         return path, fetch(str(options), _url_dir([options]) + "/options.json", None,
                            progress=progress)
     return path, None if options is None else os.fspath(options)
+
+
+def _remote_model(path: str, options) -> tuple[str, str | None]:
+    """A model in a bucket: a training workdir is read where it is (orbax
+    reads its checkpoint); any other form is copied into the local cache once
+    (`paths.local_copy`, keyed by the objects' identities) and read there."""
+    options = None if options is None else (
+        fetch(str(options), _url_dir([options]) + "/options.json", None) if is_url(options)
+        else paths.local_copy(options))
+    if paths.isdir(path):
+        if (paths.exists(paths.join(path, "config.json"))
+                and paths.isdir(paths.join(path, "checkpoints"))):
+            return path, options
+        return paths.local_copy_tree(path), options
+    if not paths.exists(path):
+        raise FileNotFoundError(f"model not found: {path}")
+    local = paths.local_copy(path)
+    if is_archive(local):
+        return resolve(local, options)
+    if options is None:  # a weights file: its options.json beside it, as locally
+        beside = paths.join(paths.dirname(path), "options.json")
+        options = paths.local_copy(beside) if paths.exists(beside) else None
+    return local, options
 
 
 class UnsupportedModel(ValueError):

@@ -28,6 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
+from elmo_jax import paths
 from elmo_jax.files import read_json, write_json
 
 PAD, BOW, EOW, OOV, BOS, EOS = 1, 2, 3, 4, 5, 6
@@ -122,12 +123,12 @@ class Lexicon:
         return out
 
     def save(self, folder: str | os.PathLike) -> None:
-        write_json(os.path.join(folder, LEXICON_FILE),
+        write_json(paths.join(folder, LEXICON_FILE),
                    {"chars": self.chars, "words": self.words})
 
     @classmethod
     def load(cls, folder: str | os.PathLike) -> "Lexicon":
-        path = os.path.join(folder, LEXICON_FILE)
+        path = paths.join(folder, LEXICON_FILE)
         d = read_json(path, "lexicon file", LexiconError)
         if not isinstance(d, dict) or not isinstance(d.get("chars"), list):
             raise LexiconError(f"{path}: expected {{\"chars\": [...], \"words\": [...] or null}}")

@@ -306,14 +306,19 @@ def _info_args(fs) -> tuple[str, ...]:
         return ()
 
 
-def local_cache_dir() -> str:
-    """The local folder of downloaded copies: $ELMO_JAX_CACHE when it is a
-    local path, else ~/.cache/elmo-jax (under $XDG_CACHE_HOME if set)."""
+def local_cache_root() -> str:
+    """The local cache: $ELMO_JAX_CACHE when it is a local path, else
+    ~/.cache/elmo-jax (under $XDG_CACHE_HOME if set)."""
     root = os.environ.get("ELMO_JAX_CACHE")
     if not root or is_remote(root):
         root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                             "elmo-jax")
-    return os.path.join(check(root), "objects")
+    return check(root)
+
+
+def local_cache_dir() -> str:
+    """The local folder of downloaded copies of bucket objects."""
+    return os.path.join(local_cache_root(), "objects")
 
 
 def local_copy(path) -> str:
@@ -338,6 +343,25 @@ def local_copy(path) -> str:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return dest
+
+
+def local_copies(files: list[str], workers: int = 8) -> list[str]:
+    """`local_copy` of each file, the downloads `workers` at a time (a bucket
+    answers many requests at once far faster than one after another)."""
+    if not any(is_remote(f) for f in files):
+        return [check(f) for f in files]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(local_copy, files))
+
+
+def size(path) -> int:
+    path = check(path)
+    if not is_remote(path):
+        return os.path.getsize(path)
+    with storage_errors(path):
+        return int(filesystem(path).info(path)["size"])
 
 
 def local_copy_tree(path) -> str:
@@ -393,3 +417,68 @@ def retry(fn, path, *, seconds: float = 120.0, first_wait: float = 1.0):
                 raise
         time.sleep(wait)
         wait = min(wait * 2, 30.0)
+
+
+class Mirror:
+    """A local folder that stands for a folder in a bucket, for writers that
+    append or write by name (the metrics log, TensorBoard's event files, a
+    profiler trace): `sync()` uploads each file changed since the last sync,
+    whole, so the bucket's copy is always a complete earlier state of it. For
+    a local `folder` it is that folder and `sync` does nothing."""
+
+    def __init__(self, folder: str, fetch: tuple[str, ...] = ()):
+        """`fetch`: names of files to download first, to be appended to."""
+        self.remote = check(folder)
+        if not is_remote(self.remote):
+            self.local = self.remote
+            return
+        self.local = tempfile.mkdtemp(prefix="elmo-jax-mirror-")
+        self._synced: dict[str, tuple[int, int]] = {}
+        for name in fetch:
+            if exists(join(self.remote, name)):
+                with storage_errors(self.remote):
+                    filesystem(self.remote).get_file(join(self.remote, name),
+                                                     os.path.join(self.local, name))
+                self._synced[name] = self._stamp(name)
+
+    def _stamp(self, rel: str) -> tuple[int, int]:
+        st = os.stat(os.path.join(self.local, rel))
+        return st.st_size, st.st_mtime_ns
+
+    def sync(self) -> None:
+        if self.local == self.remote:
+            return
+        for root, _, names in os.walk(self.local):
+            for name in names:
+                rel = os.path.relpath(os.path.join(root, name), self.local)
+                stamp = self._stamp(rel)
+                if self._synced.get(rel) != stamp:
+                    upload(os.path.join(self.local, rel), join(self.remote, *rel.split(os.sep)))
+                    self._synced[rel] = stamp
+
+    def close(self) -> None:
+        """Sync, then remove the local folder of a bucket's mirror."""
+        if self.local != self.remote:
+            try:
+                self.sync()
+            finally:
+                shutil.rmtree(self.local, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def written_folder(folder):
+    """Yield a local folder to write `folder`'s files into: `folder` itself
+    when local; for a bucket path a temporary one, each of whose files is
+    uploaded whole once the block ends without an error (none on an error)."""
+    folder = check(folder)
+    if not is_remote(folder):
+        os.makedirs(folder, exist_ok=True)
+        yield folder
+        return
+    exists(folder)  # a missing bucket is said before anything is written
+    mirror = Mirror(folder)
+    try:
+        yield mirror.local
+        mirror.sync()
+    finally:
+        shutil.rmtree(mirror.local, ignore_errors=True)

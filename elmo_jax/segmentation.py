@@ -61,30 +61,35 @@ def segmented_files(pattern: str, lang: str) -> str:
     import hashlib
     import os
 
+    from elmo_jax import paths
     from elmo_jax.data.sources import list_shards
     from elmo_jax.files import atomic_path, split_lines
     from elmo_jax.hub import cache_dir, file_lock
 
     if lang not in LANGS:
         raise ValueError(f"tokenize must be one of {LANGS}, got {lang!r}")
-    paths = list_shards(pattern)
+    files = list_shards(pattern)
     digest = hashlib.sha256(lang.encode())
-    for p in paths:
-        st = os.stat(p)
-        digest.update(f"\n{os.path.abspath(p)}\t{st.st_size}\t{st.st_mtime_ns}".encode())
-    out = os.path.join(cache_dir(), "segmented", digest.hexdigest()[:16])
+    for p in files:
+        if paths.is_remote(p):  # its size and generation
+            digest.update(f"\n{p}\t{paths.identity(p)}".encode())
+        else:
+            st = os.stat(p)
+            digest.update(f"\n{os.path.abspath(p)}\t{st.st_size}\t{st.st_mtime_ns}".encode())
+    root = cache_dir() if not paths.is_remote(cache_dir()) else paths.local_cache_root()
+    out = os.path.join(root, "segmented", digest.hexdigest()[:16])
     done = os.path.join(out, "DONE")
     if not os.path.exists(done):
         os.makedirs(out, exist_ok=True)
         with file_lock(os.path.join(out, ".lock")):
             if not os.path.exists(done):
-                for i, p in enumerate(paths):
-                    with open(p, encoding="utf-8", errors="strict") as fh:
+                for i, p in enumerate(files):
+                    with open(paths.local_copy(p), encoding="utf-8", errors="strict") as fh:
                         lines = split_lines(fh.read())
                     tokens = tokenize_lines(lines, lang)
-                    target = os.path.join(out, f"{i:05d}-{os.path.basename(p)}")
+                    target = os.path.join(out, f"{i:05d}-{paths.basename(p)}")
                     with atomic_path(target) as tmp, open(tmp, "w", encoding="utf-8") as fh:
                         fh.writelines(" ".join(t) + "\n" for t in tokens)
                 with open(done, "w", encoding="utf-8") as fh:
-                    fh.write("\n".join(paths) + "\n")
+                    fh.write("\n".join(files) + "\n")
     return os.path.join(out, "*-*")

@@ -27,7 +27,7 @@ import json
 import os
 from typing import NamedTuple
 
-from elmo_jax import checkpoints
+from elmo_jax import checkpoints, paths
 from elmo_jax.checkpoints import CheckpointError
 from elmo_jax.config import Config, ConfigError, config_from_dict
 from elmo_jax.export import VOCAB_FILE, export_files, export_lexicon, load_export
@@ -55,21 +55,20 @@ class StoredModel(NamedTuple):
 
 def is_workdir(path: str | os.PathLike) -> bool:
     """Whether `path` is a training workdir (it holds a run's config.json)."""
-    return (os.path.isdir(path) and os.path.exists(os.path.join(path, CONFIG_FILE))
+    return (paths.isdir(path) and paths.exists(paths.join(path, CONFIG_FILE))
             and not is_manylangs(path))
 
 
 def read_run(workdir: str) -> tuple[Config, Vocabulary]:
     """The resolved config and the vocabulary of the run in `workdir`."""
-    path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(path):
+    path = paths.join(workdir, CONFIG_FILE)
+    if not paths.exists(path):
         raise CheckpointError(f"{workdir} holds no training run (no {CONFIG_FILE})")
-    with open(path, encoding="utf-8") as fh:
-        try:
-            config = config_from_dict(json.load(fh))
-        except (ConfigError, ValueError) as e:
-            raise CheckpointError(f"{path}: {e}") from None
-    return config, Vocabulary.from_file(os.path.join(workdir, VOCAB_FILE))
+    try:
+        config = config_from_dict(json.loads(paths.read_text(path)))
+    except (ConfigError, ValueError) as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    return config, Vocabulary.from_file(paths.join(workdir, VOCAB_FILE))
 
 
 def model_spelling(path: str | os.PathLike, options: str | os.PathLike | None = None

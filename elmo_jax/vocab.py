@@ -14,6 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
+from elmo_jax import paths
 from elmo_jax.files import split_lines, write_text
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
@@ -58,8 +59,8 @@ class Vocabulary:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "Vocabulary":
-        path = os.fspath(path)
-        if not os.path.exists(path):
+        path = paths.check(path)
+        if not paths.exists(path):
             raise FileNotFoundError(f"vocabulary file not found: {path} (build one with "
                                     "`python train.py vocab --train_files GLOB --out PATH`)")
         words = read_word_list(path)
@@ -77,14 +78,15 @@ class Vocabulary:
 def read_word_list(path: str | os.PathLike) -> list[str]:
     """The words of a one-word-a-line file (any vocabulary file; no checks on
     special tokens), for caching token vectors."""
-    if not os.path.exists(path):
+    if not paths.exists(path):
         raise FileNotFoundError(f"word list not found: {path}")
+    shown, path = path, paths.local_copy(path)
     opener = gzip.open if os.fspath(path).endswith(".gz") else open  # NLPL's vocab.txt.gz
     with opener(path, "rt", encoding="utf-8", newline="") as fh:  # lines end at "\n" only
         try:
             text = fh.read()
         except UnicodeDecodeError as e:
-            raise VocabError(f"{path}: not valid UTF-8 ({e}); convert the file to UTF-8") from None
+            raise VocabError(f"{shown}: not valid UTF-8 ({e}); convert the file to UTF-8") from None
     return [w for w in (line.strip() for line in split_lines(text))
             if w and w != "!!!MAXTERMID"]
 

@@ -4,8 +4,7 @@ counted from files. Training reads them through `streams.TokenCorpus`.
 """
 from __future__ import annotations
 
-import glob
-import os
+from elmo_jax import paths
 from elmo_jax.files import split_lines
 from elmo_jax.vocab import Vocabulary, build_vocab, count_tokens
 
@@ -15,11 +14,12 @@ class DataError(ValueError):
 
 
 def list_shards(pattern: str) -> list[str]:
-    """The files matching a glob, sorted; an error when there are none."""
-    paths = sorted(p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p))
-    if not paths:
+    """The files matching a glob (local or in a bucket), sorted; an error
+    when there are none."""
+    found = paths.glob(pattern)
+    if not found:
         raise DataError(f"no files match {pattern!r}")
-    return paths
+    return found
 
 
 def read_sentences(path: str, keep_empty: bool = False) -> list[list[str]]:
@@ -28,8 +28,9 @@ def read_sentences(path: str, keep_empty: bool = False) -> list[list[str]]:
     Lines end at "\n" (or "\r\n") only (`files.split_lines`); tokens are
     split on any Unicode whitespace, as bilm-tf's `str.split()` does. Blank
     lines are skipped unless `keep_empty` (then line i is sentence i, and a
-    blank line is a sentence of no tokens)."""
-    with open(path, "rb") as fh:
+    blank line is a sentence of no tokens). A file in a bucket is read from
+    its local copy (`paths.local_copy`: downloaded once, while unchanged)."""
+    with open(paths.local_copy(path), "rb") as fh:
         raw = fh.read()
     try:
         text = raw.decode("utf-8")

@@ -51,6 +51,7 @@ import time
 
 import numpy as np
 
+from elmo_jax import paths
 from elmo_jax.chars import BOW_CHAR, EOW_CHAR, PAD_CHAR, token_to_char_ids
 from elmo_jax.data.sources import DataError, list_shards, read_sentences
 from elmo_jax.files import write_json
@@ -96,9 +97,9 @@ class TokenCorpus:
         sizes = []
         for f in self.files:
             try:
-                sizes.append(f"{os.path.basename(f)} ({os.path.getsize(f)} B)")
+                sizes.append(f"{paths.basename(f)} ({paths.size(f)} B)")
             except OSError:
-                sizes.append(os.path.basename(f))
+                sizes.append(paths.basename(f))
         files = ", ".join(sizes[:4]) + (f" and {len(sizes) - 4} more" if len(sizes) > 4 else "")
         h.update(files.encode("utf-8") + " ".join(sizes).encode("utf-8"))
         return (f"{len(self.files)} file(s) [{files}], {len(self)} sentences, "
@@ -128,8 +129,9 @@ class TokenCorpus:
     def from_files(cls, pattern: str, what: str = "training") -> "TokenCorpus":
         """Text shards (sentence per line, read as bilm-tf reads them), in
         sorted order."""
-        paths = list_shards(pattern)
-        return cls.from_sentences((s for p in paths for s in read_sentences(p)), paths, what)
+        files = list_shards(pattern)
+        paths.local_copies(files)  # a bucket's shards downloaded together, ahead of reading
+        return cls.from_sentences((s for p in files for s in read_sentences(p)), files, what)
 
     def save(self, out_dir: str) -> dict:
         """As memory-mappable numpy arrays in `out_dir` (each file written whole)."""
@@ -169,13 +171,14 @@ class TokenCorpus:
 
 
 def is_prepared(path: str | None) -> bool:
-    return bool(path) and os.path.isfile(os.path.join(os.path.expanduser(path), CORPUS_FILE))
+    return bool(path) and paths.isfile(paths.join(path, CORPUS_FILE))
 
 
 def open_corpus(train_files: str) -> TokenCorpus:
-    """A prepared folder (memory-mapped) or a glob of text shards (prepared in memory)."""
+    """A prepared folder (memory-mapped; one in a bucket from its local copy)
+    or a glob of text shards (prepared in memory)."""
     if is_prepared(train_files):
-        return TokenCorpus.load(os.path.expanduser(train_files))
+        return TokenCorpus.load(paths.local_copy_tree(train_files))
     return TokenCorpus.from_files(train_files)
 
 

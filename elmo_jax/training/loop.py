@@ -26,9 +26,9 @@ from typing import Any, Callable
 
 import jax
 
-from elmo_jax import checkpoints
+from elmo_jax import checkpoints, paths
 from elmo_jax import data as data_lib
-from elmo_jax.config import Config, ConfigError, check_ranges, save_config
+from elmo_jax.config import Config, ConfigError, check_paths, check_ranges, save_config
 from elmo_jax.hub import use_compilation_cache
 from elmo_jax.options import ElmoOptions
 from elmo_jax.stored import CONFIG_FILE, StoredModel, read_run
@@ -135,7 +135,7 @@ def make_batcher(config: Config, vocab: Vocabulary, mesh, source=None, lexicon=N
 def _readable(pattern: str, what: str) -> None:
     for path in data_lib.list_shards(pattern):
         try:
-            open(path, "rb").close()
+            paths.open(path, "rb").close()
         except OSError as e:
             raise data_lib.DataError(f"{what} {path} cannot be read: {e.strerror}") from None
 
@@ -225,9 +225,12 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source,
                         requests: dict) -> dict:
     if not config.data.vocab_file:
         raise ConfigError("no vocabulary: give --vocab_file (data.vocab_file)")
+    check_paths(config.data)
+    workdir = paths.check(workdir)
+    checkpoints.checkpoint_dir(workdir)  # refuses a workdir orbax cannot write to
     vocab = Vocabulary.from_file(config.data.vocab_file)
     config = segmented(config)
-    os.makedirs(workdir, exist_ok=True)
+    paths.makedirs(workdir)
     use_compilation_cache()
     mngr = checkpoints.manager(workdir, config.train.max_to_keep, config.train.async_checkpoints)
     resume_step = mngr.latest_step()
@@ -271,7 +274,7 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source,
             print("resuming with changed settings: " + ", ".join(
                 f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in changed.items()),
                 file=sys.stderr)
-            save_config(config, os.path.join(workdir, CONFIG_FILE))
+            save_config(config, paths.join(workdir, CONFIG_FILE))
     else:
         state, count = rewind(None)
         write_run(workdir, config, vocab, lexicon)

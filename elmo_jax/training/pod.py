@@ -41,7 +41,9 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from elmo_jax import paths
 from elmo_jax.cli.supervise import FINISHED_SUFFIX, PEERS_FILE_ENV
+from elmo_jax.files import write_text
 
 KEY = "elmo_jax/failed/"
 ALIVE = "elmo_jax/alive/"
@@ -281,14 +283,12 @@ def agree_on_the_workdir(workdir: str, resume_step: int | None) -> None:
 
     token = int(multihost_utils.broadcast_one_to_all(
         np.array(np.random.default_rng().integers(1, 2**31), np.int32)))
-    path = os.path.join(workdir, ".shared_by_every_process")
+    path = paths.join(workdir, ".shared_by_every_process")
     if jax.process_index() == 0:
-        with open(path, "w") as fh:
-            fh.write(str(token))
+        write_text(path, str(token))
     multihost_utils.sync_global_devices("elmo_jax: workdir token written")
     try:
-        with open(path) as fh:
-            seen = int(fh.read().strip() or 0) == token
+        seen = int(paths.read_text(path).strip() or 0) == token
     except (OSError, ValueError):
         seen = False
     step = -1 if resume_step is None else resume_step

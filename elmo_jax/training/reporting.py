@@ -10,6 +10,7 @@ import time
 
 import jax
 
+from elmo_jax import paths
 from elmo_jax.config import profile_window
 
 _COMPILED = [0]  # programs XLA compiled in this process (JAX's monitoring events)
@@ -150,15 +151,17 @@ class ProfileWindow:
 
     def __init__(self, profile_steps: str | None, workdir: str):
         self.window = profile_window(profile_steps)
-        self.folder = os.path.join(workdir, "tensorboard")
+        self.folder = paths.join(workdir, "tensorboard")
         if jax.process_count() > 1:
-            self.folder = os.path.join(self.folder, f"process-{jax.process_index()}")
+            self.folder = paths.join(self.folder, f"process-{jax.process_index()}")
         self.tracing = False
+        self.mirror = None  # a bucket's trace is written locally, uploaded once whole
 
     def before(self, step: int) -> None:
         """Called before `step` is dispatched."""
         if self.window and step == self.window[0] and not self.tracing:
-            jax.profiler.start_trace(self.folder)
+            self.mirror = paths.Mirror(self.folder)
+            jax.profiler.start_trace(self.mirror.local)
             self.tracing = True
 
     def after(self, step: int, state) -> None:
@@ -171,3 +174,4 @@ class ProfileWindow:
         if self.tracing:
             jax.profiler.stop_trace()
             self.tracing = False
+            self.mirror.close()

@@ -19,9 +19,10 @@ import os
 import jax
 import numpy as np
 
-from elmo_jax import checkpoints
+from elmo_jax import checkpoints, paths
 from elmo_jax import export as export_lib
 from elmo_jax.config import Config, save_config
+from elmo_jax.errors import UserError
 from elmo_jax.lexicon import LEXICON_FILE, Lexicon
 from elmo_jax.stored import CONFIG_FILE, StoredModel, open_model
 from elmo_jax.training.partitioning import cursor_sharding
@@ -29,7 +30,7 @@ from elmo_jax.training.steps import TrainState
 from elmo_jax.vocab import Vocabulary
 
 
-class TrainingError(RuntimeError):
+class TrainingError(UserError, RuntimeError):
     """Training cannot go on; the message says why and what was kept."""
 
 
@@ -55,14 +56,14 @@ def restore_checkpoint(mngr, step: int, abstract_state: TrainState, mesh, batch_
     global batch is the same. A position without cursors (a checkpoint whose
     data item was rewritten, as the earlier layout's) gives None for them: the
     batcher finds them again from the batch count."""
-    where = os.path.join(str(mngr.directory), str(step))
+    where = paths.join(str(mngr.directory), str(step))
     abstract = jax.ShapeDtypeStruct((batch_size, 2), np.int32, sharding=cursor_sharding(mesh))
     state, data, cursors = checkpoints.restore(mngr, step, abstract_state, abstract)
     if data.get("format") != DATA_FORMAT:
         raise TrainingError(
             f"the checkpoint at {where} keeps its data position in the format of the earlier "
             "input pipeline, which this version cannot continue: start a new run from it with "
-            "--init_from " + os.path.dirname(os.path.dirname(where)))
+            "--init_from " + paths.dirname(paths.dirname(where)))
     if data["batch_size"] != batch_size:
         raise TrainingError(f"the checkpoint at {where} was trained with a global batch of "
                             f"{data['batch_size']} rows; this run has {batch_size}: resume with "
@@ -85,10 +86,10 @@ def write_run(workdir: str, config: Config, vocab: Vocabulary, lexicon=None) -> 
     """Record a new run's resolved config and vocabulary, and the lexicon of a
     model that spells with one (process 0 writes)."""
     if jax.process_index() == 0:
-        vocab.to_file(os.path.join(workdir, export_lib.VOCAB_FILE))
+        vocab.to_file(paths.join(workdir, export_lib.VOCAB_FILE))
         if lexicon is not None:
             lexicon.save(workdir)
-        save_config(config, os.path.join(workdir, CONFIG_FILE))
+        save_config(config, paths.join(workdir, CONFIG_FILE))
 
 
 def run_lexicon(workdir: str, options, pretrained: StoredModel | None):
@@ -98,7 +99,7 @@ def run_lexicon(workdir: str, options, pretrained: StoredModel | None):
         return None
     if pretrained is not None and pretrained.lexicon is not None:
         return pretrained.lexicon
-    if os.path.exists(os.path.join(workdir, LEXICON_FILE)):
+    if paths.exists(paths.join(workdir, LEXICON_FILE)):
         return Lexicon.load(workdir)
     raise TrainingError(f"the model spells tokens with a lexicon, and neither --init_from nor "
                         f"{workdir} has one ({LEXICON_FILE})")
@@ -160,7 +161,7 @@ def settings_on_resume(requested: Config, saved: Config, workdir: str) -> tuple[
             [f"{workdir} was trained with {k} {json.dumps(changed[k][0])}; this command asks "
              f"for {json.dumps(changed[k][1])}" for k in refused]
             + ["a checkpoint fixes the model, the global batch, the seed and the vocabulary: "
-               f"resume with the run's own settings ({os.path.join(workdir, CONFIG_FILE)}), or "
+               f"resume with the run's own settings ({paths.join(workdir, CONFIG_FILE)}), or "
                f"start a new run from it: --init_from {workdir} --workdir NEW_DIR"]))
     return requested, changed
 
@@ -170,10 +171,9 @@ def read_metrics(workdir: str) -> list[dict]:
     writes a "resumed" record, and the records of steps after its checkpoint
     written before it (steps trained again) are dropped; so are those a
     non-finite loss sent the run back over ("nonfinite_loss")."""
-    path = os.path.join(workdir, "metrics.jsonl")
     records: list[dict] = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
+    with paths.open(paths.join(workdir, METRICS_FILE), "rb") as fh:
+        for line in fh.read().decode("utf-8").splitlines():
             record = json.loads(line)
             back_to = {"resumed": record.get("from_step"),
                        "nonfinite_loss": record.get("back_to_step")}.get(record.get("event"))
@@ -183,6 +183,9 @@ def read_metrics(workdir: str) -> list[dict]:
     return records
 
 
+METRICS_FILE = "metrics.jsonl"
+
+
 class MetricsLog:
     """WORKDIR/metrics.jsonl, one JSON record per log or evaluation event, and
     the same numbers as TensorBoard scalars in WORKDIR/tensorboard (tensorboardX:
@@ -190,11 +193,15 @@ class MetricsLog:
     so that the file system never holds up the step loop; `close` waits for
     every record to be written. A resumed run's log starts at `purge_step`:
     TensorBoard drops the earlier run's points from there on (`read_metrics`
-    does the same for metrics.jsonl)."""
+    does the same for metrics.jsonl).
+
+    In a bucket, where an object cannot be appended to, both are written in a
+    local mirror and uploaded whole whenever the queue of records runs dry
+    (`paths.Mirror`): the bucket's metrics.jsonl is always whole, at most the
+    records of the last moments behind, which a resumed run trains again."""
 
     def __init__(self, workdir: str, purge_step: int | None = None):
-        self.path = os.path.join(workdir, "metrics.jsonl")
-        self.tensorboard_dir = os.path.join(workdir, "tensorboard")
+        self.workdir = paths.check(workdir)
         self.purge_step = purge_step
         self._queue = None
         self._thread = None
@@ -218,23 +225,31 @@ class MetricsLog:
     def _write_all(self) -> None:
         from tensorboardX import SummaryWriter
 
-        writer = None
+        writer = mirror = None
         try:
+            mirror = paths.Mirror(self.workdir, fetch=(METRICS_FILE,))
             while (record := self._queue.get()) is not None:
-                with open(self.path, "a", encoding="utf-8") as fh:
+                with open(os.path.join(mirror.local, METRICS_FILE), "a", encoding="utf-8") as fh:
                     fh.write(json.dumps(record) + "\n")
-                writer = writer or SummaryWriter(self.tensorboard_dir, flush_secs=30,
-                                                 purge_step=self.purge_step)
+                writer = writer or SummaryWriter(os.path.join(mirror.local, "tensorboard"),
+                                                 flush_secs=30, purge_step=self.purge_step)
                 for key, value in record.items() if record.get("event") != "resumed" else ():
                     if (key != "step" and isinstance(value, (int, float))
                             and not isinstance(value, bool)):
                         writer.add_scalar(key, value, record["step"])
                 writer.flush()
+                if self._queue.empty():
+                    mirror.sync()
         except BaseException as e:  # the next write raises it
             self._error = e
         finally:
             if writer is not None:
                 writer.close()
+            if mirror is not None:
+                try:
+                    mirror.close()
+                except BaseException as e:
+                    self._error = self._error or e
 
     def close(self) -> None:
         if self._thread is not None:
