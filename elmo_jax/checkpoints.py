@@ -74,6 +74,7 @@ def manager(workdir: str, max_to_keep: int = 3,
     backend is not the CPU."""
     if asynchronous is None:
         asynchronous = jax.default_backend() != "cpu"
+    paths.forget_listings(workdir)
     return ocp.CheckpointManager(
         checkpoint_dir(workdir),
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
@@ -132,6 +133,7 @@ def latest_step(workdir: str) -> int | None:
     directory = checkpoint_dir(workdir)
     if not paths.isdir(directory):
         return None
+    paths.forget_listings(directory)
     return ocp.CheckpointManager(directory).latest_step()
 
 

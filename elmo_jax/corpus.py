@@ -37,11 +37,12 @@ from jax.sharding import PartitionSpec as P
 from elmo_jax import chars
 from elmo_jax.data.sources import DataError
 from elmo_jax.elmo import windows
+from elmo_jax import paths
 from elmo_jax.embedding import embed
 from elmo_jax.embedding import mix_weights as normalized_mix
 from elmo_jax.options import ElmoOptions
 from elmo_jax.shapes import round_up
-from elmo_jax.store import (ShardWriter, StoreError, StoreSpec, claim, numpy_dtype,
+from elmo_jax.store import (ShardWriter, StoreError, StoreSpec, claim, numpy_dtype, open_shard,
                             shard_chunks)
 
 OUTPUTS = ("layers", "layer", "mix")
@@ -104,6 +105,10 @@ def model_fingerprint(params: dict, options: ElmoOptions) -> str:
 def describe_inputs(files: Sequence[str]) -> list[dict]:
     out = []
     for f in files:
+        if paths.is_remote(f):  # an object: its size and generation (or ETag)
+            size, version = paths.identity(f).split("-", 1)
+            out.append({"path": f, "size": int(size), "version": version})
+            continue
         st = os.stat(f)
         out.append({"path": os.path.abspath(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
     return out
@@ -129,7 +134,7 @@ def read_chunks(files: Sequence[str], chunk_lines: int, wanted, on_bad_line: str
     index, first, take = 0, 0, wanted(0)
     raw_lines, where, count = [], [], 0
     for path in files:
-        with open(path, "rb") as fh:
+        with paths.open(path, "rb") as fh:  # a bucket's object streamed in blocks
             for n, raw in enumerate(fh, 1):
                 count += 1
                 if take:
@@ -388,7 +393,7 @@ def embed_corpus(params: dict, options: ElmoOptions, files: Sequence[str], direc
                      tokenize=settings.tokenize, on_bad_line=settings.on_bad_line)
     claim(directory, spec)
     row_bytes = int(np.prod(row_shape)) * numpy_dtype(settings.dtype).itemsize
-    writer = ShardWriter(directory, shard, num_shards, row_bytes)
+    writer = open_shard(directory, shard, num_shards, row_bytes)
     summary = {"output": directory, "shard": shard, "num_shards": num_shards,
                "devices": len(devices), "chunks_resumed": len(writer.finished)}
     try:

@@ -115,6 +115,19 @@ def filesystem(path):
                         f"'elmo-jax[{extra}]'") from None
 
 
+def forget_listings(path) -> None:
+    """Drop what the file system of orbax's paths (etils' epath, over fsspec)
+    remembers of the bucket's listings: it keeps them for the process's life,
+    and another process (a run's other hosts, a rerun) may have written since."""
+    if not is_remote(path):
+        return
+    import fsspec
+
+    protocol = REMOTE[scheme(path)][0]
+    kwargs = {"finalize_on_close": True} if protocol == "gcs" else {}
+    fsspec.filesystem(protocol, **kwargs).invalidate_cache()
+
+
 @contextlib.contextmanager
 def storage_errors(path):
     """Turn a remote client's exceptions into one StorageError line."""

@@ -19,6 +19,13 @@ shard's own (`_locate`). Within a chunk, rows are in the order the job
 embedded them (by length), which `starts` undoes; the line order of the store
 is the input's. A shard appends, and its markers say how far its files are
 whole: a rerun cuts each file back to the last marker (`ShardWriter`).
+
+A store in a bucket (gs://, s3://) is written in write-once objects, since an
+object cannot be appended to: each chunk's rows, starts and lengths are
+objects of their own (chunk-000000.vectors.bin, .starts.bin, .lengths.bin),
+uploaded before its marker (`BucketShardWriter`). Reading one assembles it
+once into the local cache as the layout above, memory-mapped from there
+(`local_store`).
 """
 from __future__ import annotations
 
@@ -28,10 +35,14 @@ import glob
 import json
 import os
 import shutil
+import sys
+import tempfile
 from typing import Iterator, Sequence
 
 import numpy as np
 
+from elmo_jax import paths
+from elmo_jax.errors import UserError
 from elmo_jax.files import read_json, write_json
 
 FORMAT = "elmo-jax-store/1"
@@ -39,7 +50,7 @@ SPEC_FILE = "store.json"
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-class StoreError(ValueError):
+class StoreError(UserError, ValueError):
     """A store that cannot be written or read as asked; says why and what to do."""
 
 
@@ -95,17 +106,18 @@ def spec_differences(old: dict, new: dict) -> list[str]:
 def _input_change(old: list, new: list) -> tuple[str, str]:
     for a, b in zip(old, new):
         if a != b:
-            return (f"{a['path']} ({a['size']} bytes, mtime {a['mtime_ns']})",
-                    f"{b['path']} ({b['size']} bytes, mtime {b['mtime_ns']})")
+            return tuple(f"{x['path']} ({x['size']} bytes, "
+                         + (f"mtime {x['mtime_ns']})" if "mtime_ns" in x
+                            else f"version {x.get('version')})") for x in (a, b))
     return f"{len(old)} files", f"{len(new)} files"
 
 
 def claim(directory: str, spec: StoreSpec) -> None:
     """Make `directory` this job's store, or check that it already is: a store
     made with another model, options, output or input is refused, never mixed."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, SPEC_FILE)
-    if os.path.exists(path):
+    paths.makedirs(directory)
+    path = paths.join(directory, SPEC_FILE)
+    if paths.exists(path):
         old = read_json(path, "store spec", StoreError)
         diff = spec_differences(old, spec.to_dict())
         if diff:
@@ -113,17 +125,44 @@ def claim(directory: str, spec: StoreSpec) -> None:
                              + "; ".join(diff) + "): give another --output, or remove it "
                              "to start over")
         return
-    if os.listdir(directory):
+    if paths.listdir(directory):
         raise StoreError(f"{directory} is not empty and holds no {SPEC_FILE}: give an empty "
                          "or new folder as --output")
     try:
         write_json(path, spec.to_dict())
+    except paths.StorageError:
+        raise
     except OSError as e:
         raise StoreError(f"cannot write {path}: {e.strerror}") from None
 
 
 def shard_dir(directory: str, shard: int, num_shards: int) -> str:
-    return os.path.join(directory, f"shard-{shard:05d}-of-{num_shards:05d}")
+    return paths.join(directory, f"shard-{shard:05d}-of-{num_shards:05d}")
+
+
+def marker_name(chunk: int) -> str:
+    return f"chunk-{chunk:06d}.json"
+
+
+def read_markers(directory: str, shard: int, num_shards: int, names=None) -> list[dict]:
+    """The completion markers of a shard's chunks, in order, up to the first
+    missing one (`names`: the shard folder's listing, where known)."""
+    folder = shard_dir(directory, shard, num_shards)
+    markers, k = [], 0
+    while True:
+        name = marker_name(shard + k * num_shards)
+        if not (name in names if names is not None else paths.exists(paths.join(folder, name))):
+            return markers
+        markers.append(read_json(paths.join(folder, name), "chunk marker", StoreError))
+        k += 1
+
+
+def open_shard(directory: str, shard: int, num_shards: int, row_bytes: int):
+    """The writer of one shard: appending files on a local disk, write-once
+    objects in a bucket."""
+    if paths.is_remote(directory):
+        return BucketShardWriter(directory, shard, num_shards, row_bytes)
+    return ShardWriter(directory, shard, num_shards, row_bytes)
 
 
 def shard_chunks(chunk: int, shard: int, num_shards: int) -> bool:
@@ -150,7 +189,7 @@ class ShardWriter:
         os.makedirs(self.dir, exist_ok=True)
         for tmp in glob.glob(os.path.join(self.dir, ".*.tmp")):
             os.unlink(tmp)
-        self.markers = self._read_markers()
+        self.markers = read_markers(directory, shard, num_shards)
         last = self.markers[-1] if self.markers else {"rows": 0, "lines": 0}
         self.rows, self.lines = last["rows"], last["lines"]
         self._files = {}
@@ -159,18 +198,6 @@ class ShardWriter:
             fh.truncate(size)
             self._files[name] = fh
         self.done = os.path.exists(os.path.join(self.dir, "done.json"))
-
-    def _read_markers(self) -> list[dict]:
-        markers = []
-        k = 0
-        while True:
-            chunk = self.shard + k * self.num_shards
-            path = os.path.join(self.dir, f"chunk-{chunk:06d}.json")
-            if not os.path.exists(path):
-                break
-            markers.append(read_json(path, "chunk marker", StoreError))
-            k += 1
-        return markers
 
     def _sizes(self) -> dict:
         return {"vectors.bin": self.rows * self.row_bytes, "starts.bin": self.lines * 8,
@@ -206,7 +233,7 @@ class ShardWriter:
             self.lines += len(starts)
             marker = {"chunk": chunk, "rows": self.rows, "lines": self.lines,
                       "tokens": int(tokens), "skipped": list(skipped)}
-            write_json(os.path.join(self.dir, f"chunk-{chunk:06d}.json"), marker)
+            write_json(os.path.join(self.dir, marker_name(chunk)), marker)
         except OSError as e:
             self._failed("chunk marker", e, 4096)
             raise
@@ -242,6 +269,58 @@ class ShardWriter:
                 fh.close()
             except OSError:
                 pass
+
+
+class BucketShardWriter:
+    """One shard of a store in a bucket, in write-once objects: the chunk in
+    flight's rows gather in a local temporary file; `finish_chunk` uploads
+    them, the chunk's starts and lengths, then its marker. A killed run's
+    chunk without a marker is written again by the rerun (same names), so a
+    resumed store is the uninterrupted one's, byte for byte."""
+
+    def __init__(self, directory: str, shard: int, num_shards: int, row_bytes: int):
+        self.dir = shard_dir(directory, shard, num_shards)
+        self.shard, self.num_shards, self.row_bytes = shard, num_shards, row_bytes
+        names = set(paths.listdir(self.dir))
+        self.markers = read_markers(directory, shard, num_shards, names)
+        last = self.markers[-1] if self.markers else {"rows": 0, "lines": 0}
+        self.rows, self.lines = last["rows"], last["lines"]
+        self.done = "done.json" in names
+        self._tmp = tempfile.mkdtemp(prefix="elmo-jax-shard-")
+        self._rows = open(os.path.join(self._tmp, "vectors.bin"), "wb")
+
+    @property
+    def finished(self) -> set[int]:
+        return {m["chunk"] for m in self.markers}
+
+    def append_rows(self, rows: np.ndarray) -> None:
+        self._rows.write(np.ascontiguousarray(rows).tobytes())
+
+    def finish_chunk(self, chunk: int, starts: np.ndarray, lengths: np.ndarray,
+                     rows_in_chunk: int, skipped: Sequence[dict] = (),
+                     tokens: int = 0) -> None:
+        self._rows.close()
+        stem = paths.join(self.dir, marker_name(chunk)[:-len(".json")])
+        paths.upload(self._rows.name, stem + ".vectors.bin")
+        for suffix, array in ((".starts.bin", starts.astype(np.int64)),
+                              (".lengths.bin", lengths.astype(np.int32))):
+            with paths.open(stem + suffix, "wb") as fh:
+                fh.write(np.ascontiguousarray(array).tobytes())
+        self._rows = open(os.path.join(self._tmp, "vectors.bin"), "wb")
+        self.rows += rows_in_chunk
+        self.lines += len(starts)
+        marker = {"chunk": chunk, "rows": self.rows, "lines": self.lines,
+                  "tokens": int(tokens), "skipped": list(skipped)}
+        write_json(paths.join(self.dir, marker_name(chunk)), marker)  # last: the chunk counts
+        self.markers.append(marker)
+
+    def finish(self, totals: dict) -> None:
+        write_json(paths.join(self.dir, "done.json"), totals)
+        self.done = True
+
+    def close(self) -> None:
+        self._rows.close()
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------
@@ -379,12 +458,76 @@ def _skipped(shard: str) -> list[dict]:
 
 def open_embeddings(directory: str | os.PathLike) -> EmbeddingStore:
     """The finished embedding store in `directory` (written by `elmo-jax embed
-    --output DIR`)."""
-    return EmbeddingStore(os.fspath(directory))
+    --output DIR`); one in a bucket is read from its local copy
+    (`local_store`)."""
+    directory = paths.check(directory)
+    if paths.is_remote(directory):
+        return EmbeddingStore(local_store(directory))
+    return EmbeddingStore(directory)
 
 
 def is_store(path: str | os.PathLike) -> bool:
-    return os.path.isfile(os.path.join(path, SPEC_FILE))
+    return paths.isfile(paths.join(path, SPEC_FILE))
+
+
+def local_store(directory: str, progress: bool = True) -> str:
+    """The finished store in a bucket, assembled once into the local cache in
+    the local layout (each shard's chunk objects joined into its three
+    files), under a name of the store's objects' identities; its path. The
+    copy is as large as the store: it says so when it makes one."""
+    spec_path = paths.join(directory, SPEC_FILE)
+    if not paths.exists(spec_path):
+        raise FileNotFoundError(f"no embedding store at {directory} (no {SPEC_FILE})")
+    spec = read_json(spec_path, "store spec", StoreError)
+    n = spec["num_shards"]
+    listings = [set(paths.listdir(shard_dir(directory, s, n))) for s in range(n)]
+    missing = [s for s in range(n) if "done.json" not in listings[s]]
+    if missing:
+        raise StoreError(f"{directory} is not finished: shard(s) {missing} of {n} have not "
+                         "completed (run the same command for them; finished chunks are kept)")
+    key = "\0".join([directory, paths.identity(spec_path)] + [
+        paths.identity(paths.join(shard_dir(directory, s, n), "done.json")) for s in range(n)])
+    import hashlib
+
+    dest = os.path.join(paths.local_cache_root(), "stores",
+                        hashlib.sha256(key.encode()).hexdigest()[:24])
+    if os.path.exists(os.path.join(dest, SPEC_FILE)):
+        return dest
+    if progress:
+        print(f"copying the store {directory} into the local cache {dest}", file=sys.stderr)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".assembling.", dir=os.path.dirname(dest))
+    try:
+        for s in range(n):
+            _assemble_shard(directory, s, n, listings[s], tmp)
+        shutil.copyfile(paths.local_copy(spec_path), os.path.join(tmp, SPEC_FILE))
+        os.replace(tmp, dest)
+    except OSError:
+        if not os.path.exists(os.path.join(dest, SPEC_FILE)):
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _assemble_shard(directory: str, shard: int, n: int, names: set, out_root: str) -> None:
+    remote = shard_dir(directory, shard, n)
+    out = os.path.join(out_root, os.path.basename(remote))
+    os.makedirs(out)
+    files = {suffix: open(os.path.join(out, suffix), "wb")
+             for suffix in ("vectors.bin", "starts.bin", "lengths.bin")}
+    try:
+        for marker in read_markers(directory, shard, n, names):
+            stem = marker_name(marker["chunk"])[:-len(".json")]
+            for suffix, fh in files.items():
+                with paths.open(paths.join(remote, f"{stem}.{suffix}"), "rb") as src:
+                    shutil.copyfileobj(src, fh, 1 << 22)
+            write_json(os.path.join(out, marker_name(marker["chunk"])), marker)
+    finally:
+        for fh in files.values():
+            fh.close()
+    shutil.copyfile(paths.local_copy(paths.join(remote, "done.json")),
+                    os.path.join(out, "done.json"))
 
 
 def merge_to_hdf5(directory: str, out: str) -> int:
@@ -400,7 +543,8 @@ def merge_to_hdf5(directory: str, out: str) -> int:
     dtype = np.float32 if store.spec["dtype"] == "bfloat16" else store.dtype
     rows = sum(len(v) for v in store._vectors)
     need = rows * int(np.prod(store.row_shape)) * np.dtype(dtype).itemsize + 2048 * len(store)
-    folder = os.path.dirname(os.path.abspath(out))
+    folder = tempfile.gettempdir() if paths.is_remote(out) else os.path.dirname(
+        os.path.abspath(out))  # a bucket's file is made locally first
     free = shutil.disk_usage(folder).free
     if free < need:
         raise DiskFull(f"not enough space for {out}: it needs about {need / 2**20:.1f} MiB, "

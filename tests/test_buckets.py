@@ -119,17 +119,18 @@ def test_two_processes_train_in_a_bucket_stop_on_sigterm_and_one_resumes_as_a_lo
     assert set(paths.listdir(work)) >= {"config.json", "vocab.txt", "checkpoints"}
 
 
-# train.py with orbax's save of step 4 cut short: SIGKILL as soon as the save
-# has started (it writes in a background thread), before its objects are whole
+# train.py killed in the save of step 4: on GCS orbax writes a step's objects
+# where they stay and commits the step with a commit_success.txt object last;
+# SIGKILL just before the first commit of step 4's objects
 _KILLED_DURING_THE_SAVE_OF_STEP_4 = """
 import os, runpy, signal, sys
-from elmo_jax import checkpoints
-started = checkpoints.save
-def save(mngr, state, positions):
-    started(mngr, state, positions)
-    if int(state.step) == 4:
+from orbax.checkpoint._src.path import atomicity
+commit = atomicity.CommitFileTemporaryPath.finalize
+async def finalize(self, *args, **kwargs):
+    if "/checkpoints/4" in str(self._final_path):
         os.kill(os.getpid(), signal.SIGKILL)
-checkpoints.save = save
+    return await commit(self, *args, **kwargs)
+atomicity.CommitFileTemporaryPath.finalize = finalize
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -147,11 +148,14 @@ def test_a_run_killed_during_a_save_to_a_bucket_resumes_from_the_checkpoint_befo
             for x in open(os.path.join(ref, "metrics.jsonl")) if "train_loss" in x}
     work = f"{gs_bucket}/killed"
     killed = subprocess.run([sys.executable, "-c", _KILLED_DURING_THE_SAVE_OF_STEP_4,
-                             *_train_cmd(remote["train"], remote["vocab"], work, 6)[1:],
-                             "--set", "train.async_checkpoints=true"],
+                             *_train_cmd(remote["train"], remote["vocab"], work, 6)[1:]],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    assert _steps(work) == [2]  # the newest whole checkpoint; step 4 never became whole
+    assert "4" in paths.listdir(f"{work}/checkpoints")  # its objects were being written
+    assert _steps(work) == [2, 4]
+    from elmo_jax import checkpoints
+
+    assert checkpoints.latest_step(work) == 2  # the newest whole one: 4 was never committed
     again = subprocess.run(_train_cmd(remote["train"], remote["vocab"], work, 6), cwd=tmp_path,
                            env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -220,3 +224,106 @@ def test_an_export_on_s3_and_a_workdir_on_s3_refused_before_anything_is_written(
     assert "Traceback" not in r.stderr
     assert paths.listdir(f"{bucket}/run") == [] and sorted(os.listdir(tmp_path)) == ["data"]
     files_lib.write_text(f"{bucket}/x.txt", "x")  # the bucket itself works
+
+
+_KILLED_INSIDE_CHUNK_2 = """
+import os, sys
+from elmo_jax import store
+finish = store.BucketShardWriter.finish_chunk
+def finish_chunk(self, *a, **k):
+    if len(self.markers) == 2:  # chunk 2's rows uploaded, then death before its marker
+        self._rows.close()
+        from elmo_jax import paths
+        paths.upload(self._rows.name, paths.join(self.dir, "chunk-000002.vectors.bin"))
+        os._exit(137)
+    finish(self, *a, **k)
+store.BucketShardWriter.finish_chunk = finish_chunk
+from elmo_jax.cli import embed
+embed.main(sys.argv[1:])
+"""
+
+
+def _store_files(folder):
+    out = {}
+    for root, _, names in os.walk(folder):
+        for n in names:
+            out[os.path.relpath(os.path.join(root, n), folder)] = open(
+                os.path.join(root, n), "rb").read()
+    return out
+
+
+def test_a_corpus_job_into_a_bucket_killed_and_resumed_is_the_local_store_bit_for_bit(
+        tmp_path, gs_bucket, s3, monkeypatch):
+    """`embed --input gs://... --output gs://.../store`: write-once objects;
+    killed with a chunk's rows uploaded and no marker, the rerun makes the
+    store of an uninterrupted local run, byte for byte once assembled;
+    `open_embeddings` and `--merge` read it from the bucket. Two workers write
+    shards into one prefix, and the same job runs into s3://."""
+    import storage_servers
+    from test_corpus import SETTINGS, WEIGHTS, corpus_lines
+
+    import elmo_jax
+    from elmo_jax.corpus import CorpusSettings, embed_corpus
+    from elmo_jax.store import local_store, open_embeddings
+
+    monkeypatch.setenv("ELMO_JAX_CACHE", str(tmp_path / "cache"))
+    lines = corpus_lines()
+    for name, part in (("a.txt", lines[:11]), ("b.txt", lines[11:])):
+        (tmp_path / name).write_text("\n".join(part) + "\n", encoding="utf-8")
+        paths.upload(str(tmp_path / name), f"{gs_bucket}/corpus/{name}")
+    options = elmo_jax.ElmoOptions.from_json(os.path.join(os.path.dirname(WEIGHTS),
+                                                          "options.json"))
+    params = elmo_jax.load_weights(WEIGHTS, options)
+    local = str(tmp_path / "local-store")
+    embed_corpus(params, options, [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], local,
+                 CorpusSettings(**SETTINGS))
+
+    out = f"{gs_bucket}/store"
+    args = ["--input", f"{gs_bucket}/corpus/*.txt", "--output", out, "--weights", WEIGHTS,
+            "--max_length", "16", "--chunk_lines", "5", "--batch_tokens", "64", "--no_progress"]
+    env = dict(os.environ, PYTHONPATH=REPO)
+    r = subprocess.run([sys.executable, "-c", _KILLED_INSIDE_CHUNK_2, *args], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 137, r.stderr[-2000:]
+    shard = f"{out}/shard-00000-of-00001"
+    assert [n for n in paths.listdir(shard) if n.endswith(".json")] == [
+        "chunk-000000.json", "chunk-000001.json"]
+    assert "chunk-000002.vectors.bin" in paths.listdir(shard)
+    r = subprocess.run([sys.executable, os.path.join(REPO, "embed.py"), *args], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["chunks_resumed"] == 2
+    assembled = local_store(out)
+    want, got = _store_files(local), _store_files(assembled)
+    want["store.json"] = got["store.json"] = b""  # its inputs' paths differ, by design
+    assert got == want
+    store = open_embeddings(out)
+    assert len(store) == len(lines)
+    reference = open_embeddings(local)
+    for i in (0, 3, 9, len(lines) - 1):
+        np.testing.assert_array_equal(store[i], reference[i])
+    first = next(store.batches(4))
+    np.testing.assert_array_equal(first["features"], next(reference.batches(4))["features"])
+
+    merged = tmp_path / "merged.hdf5"
+    r = subprocess.run([sys.executable, os.path.join(REPO, "embed.py"), "--merge", out,
+                        "--output", str(merged)], cwd=tmp_path, capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    import h5py
+
+    with h5py.File(merged) as fh:
+        assert len(fh) == len(lines)
+        np.testing.assert_array_equal(fh["9"][...], reference[9])
+
+    # two workers, one prefix; and the same job on S3
+    two = f"{gs_bucket}/two"
+    remote_files = [f"{gs_bucket}/corpus/a.txt", f"{gs_bucket}/corpus/b.txt"]
+    for worker in (1, 0):
+        embed_corpus(params, options, remote_files, two, CorpusSettings(**SETTINGS), worker, 2)
+    on_s3 = storage_servers.new_bucket("s3") + "/store"
+    embed_corpus(params, options, remote_files, on_s3, CorpusSettings(**SETTINGS))
+    for other in (open_embeddings(two), open_embeddings(on_s3)):
+        assert len(other) == len(lines)
+        for i in range(len(lines)):
+            np.testing.assert_array_equal(other[i], reference[i])

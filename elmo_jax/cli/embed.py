@@ -103,6 +103,11 @@ def parser(prog: str) -> argparse.ArgumentParser:
 def main(argv=None, prog: str = "embed.py"):
     ap = parser(prog)
     args = ap.parse_args(argv)
+    from elmo_jax import paths
+
+    for given in (args.input, args.output, args.merge, args.weights, args.options):
+        if given and not given.lower().startswith(("http://", "https://")):
+            paths.check(given)  # another scheme: one error line, nothing read or written
     to_hdf5 = args.output.endswith(HDF5)
     if args.merge:
         if not to_hdf5:
@@ -188,7 +193,15 @@ def main(argv=None, prog: str = "embed.py"):
 
 
 def _parts_dir(hdf5_path: str) -> str:
-    """The store an .hdf5 output is built in (beside it; removed once written)."""
+    """The store an .hdf5 output is built in (beside it, or in the local cache
+    for a file in a bucket; removed once written)."""
+    from elmo_jax import paths
+
+    if paths.is_remote(hdf5_path):
+        import hashlib
+
+        key = hashlib.sha256(hdf5_path.encode()).hexdigest()[:24]
+        return os.path.join(paths.local_cache_root(), "parts", key)
     head, tail = os.path.split(os.path.abspath(hdf5_path))
     return os.path.join(head, f".{tail}.parts")
 
