@@ -81,6 +81,30 @@ def manager(workdir: str, max_to_keep: int = 3,
                                              enable_async_checkpointing=asynchronous))
 
 
+ORBAX_WRITTEN_FOR = "0.12"  # the orbax whose TensorStore defaults bound_storage_retries sets
+
+
+def bound_storage_retries(seconds: float) -> None:
+    """Bound how long TensorStore retries a bucket request in orbax's saves
+    and restores, to about `seconds` (its default is 32 tries with up to 32 s
+    between them: a quarter of an hour blocked in a save while GCS is down).
+    A change of the process's orbax, so the launcher's (train.py) to make, once;
+    orbax has no argument for it: this sets its module's default TensorStore
+    contexts, checked against the orbax it was written for."""
+    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+
+    if not ocp.__version__.startswith(ORBAX_WRITTEN_FOR):
+        raise RuntimeError(f"bound_storage_retries was written for orbax {ORBAX_WRITTEN_FOR}, "
+                           f"this is {ocp.__version__}: check its TensorStore contexts")
+    delays, delay = [], 1.0
+    while sum(delays) < seconds and len(delays) < 32:
+        delays.append(delay)
+        delay = min(delay * 2, 8.0)
+    retries = {"max_retries": max(1, len(delays)), "initial_delay": "1s", "max_delay": "8s"}
+    for context in (ts_utils._BASE_TS_CONTEXT, ts_utils._DEFAULT_OCDBT_TS_CONTEXT):
+        context["gcs_request_retries"] = dict(retries)
+
+
 def save(mngr: ocp.CheckpointManager, state, data: dict) -> None:
     """Save `state` (a TrainState) and the data position: `data["json"]` (the
     same on every process) and `data["cursors"]`, a global [B, 2] array (a
@@ -92,7 +116,18 @@ def save(mngr: ocp.CheckpointManager, state, data: dict) -> None:
                  data=ocp.args.JsonSave(data["json"]))
     if data.get("cursors") is not None:
         items["cursors"] = ocp.args.StandardSave({"cursors": data["cursors"]})
-    mngr.save(int(state.step), args=ocp.args.Composite(**items), force=True)
+    try:
+        mngr.save(int(state.step), args=ocp.args.Composite(**items), force=True)
+    except UserError:
+        raise
+    except Exception as e:  # tensorstore's and gcsfs's, once their own retries are spent
+        if not paths.is_remote(str(mngr.directory)):
+            raise
+        raise paths.StorageError(
+            f"the checkpoint of step {int(state.step)} could not be written to "
+            f"{mngr.directory} ({type(e).__name__}: {paths.first_line(e)}): training stopped. "
+            "Its newest whole checkpoint is kept: run the same command again once the storage "
+            "answers, and it resumes from there") from None
 
 
 def _unreadable(where: str, e: Exception) -> CheckpointError:

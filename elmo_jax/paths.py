@@ -286,13 +286,53 @@ def remove(path, recursive: bool = False) -> None:
             pass
 
 
+RETRY_ENV = "ELMO_JAX_STORAGE_RETRY_SECONDS"
+RETRY_SECONDS = 300.0  # a bucket's transient outage outlasted by elmo-jax's writes
+
+
+def retry_seconds() -> float:
+    """How long a write to a bucket is tried again while the storage service
+    fails: $ELMO_JAX_STORAGE_RETRY_SECONDS, else 300 (beyond the clients' own
+    retries, which outlast a blip of seconds)."""
+    try:
+        return max(0.0, float(os.environ.get(RETRY_ENV, RETRY_SECONDS)))
+    except ValueError:
+        raise PathError(f"{RETRY_ENV} must be a number of seconds, got "
+                        f"{os.environ[RETRY_ENV]!r}") from None
+
+
 def upload(local: str, path: str) -> None:
     """Put a local file at a bucket path, whole (an object appears complete
-    or not at all)."""
+    or not at all); tried again for `retry_seconds()` while the service fails."""
     fs = filesystem(path)
-    with storage_errors(path):
-        fs.put_file(local, path)
-    fs.invalidate_cache(dirname(path).split("://", 1)[1])
+
+    def put():
+        with storage_errors(path):
+            fs.put_file(local, path)
+    retry(put, path)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """`data` as the file or object `path`, whole (see `upload`)."""
+    path = check(path)
+    if not is_remote(path):
+        from elmo_jax.files import atomic_path
+
+        with atomic_path(path) as tmp, builtins_open(tmp, "wb") as fh:
+            fh.write(data)
+        return
+    fs = filesystem(path)
+
+    def pipe():
+        with storage_errors(path):
+            fs.pipe_file(path, data)
+    retry(pipe, path)
+
+
+def builtins_open(*args, **kwargs):
+    import builtins
+
+    return builtins.open(*args, **kwargs)
 
 
 def identity(path) -> str:
@@ -348,9 +388,11 @@ def local_copy(path) -> str:
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".download.", dir=os.path.dirname(dest))
     os.close(fd)
-    try:
+    def get():
         with storage_errors(path):
             filesystem(path).get_file(path, tmp)
+    try:
+        retry(get, path)
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
@@ -418,16 +460,20 @@ def _made(folder: str) -> str:
     return folder
 
 
-def retry(fn, path, *, seconds: float = 120.0, first_wait: float = 1.0):
-    """`fn()`, tried again with backoff for up to `seconds` while the storage
-    service fails (a transient outage); past that its StorageError."""
+def retry(fn, path, *, seconds: float | None = None, first_wait: float = 1.0):
+    """`fn()`, tried again with backoff for up to `seconds` (default
+    `retry_seconds()`) while the storage service fails (a transient outage);
+    past that its StorageError, which says how long it was tried."""
+    seconds = retry_seconds() if seconds is None else seconds
     deadline, wait = time.monotonic() + seconds, first_wait
     while True:
         try:
             return fn()
         except StorageError as e:
-            if "the storage service failed" not in str(e) or time.monotonic() + wait > deadline:
+            if "the storage service failed" not in str(e):
                 raise
+            if time.monotonic() + wait > deadline:
+                raise StorageError(f"{e} (tried for {seconds:g} s: {RETRY_ENV})") from None
         time.sleep(wait)
         wait = min(wait * 2, 30.0)
 
@@ -469,11 +515,13 @@ class Mirror:
                     upload(os.path.join(self.local, rel), join(self.remote, *rel.split(os.sep)))
                     self._synced[rel] = stamp
 
-    def close(self) -> None:
-        """Sync, then remove the local folder of a bucket's mirror."""
+    def close(self, sync: bool = True) -> None:
+        """Sync (unless `sync` is False: after a failed one), then remove the
+        local folder of a bucket's mirror."""
         if self.local != self.remote:
             try:
-                self.sync()
+                if sync:
+                    self.sync()
             finally:
                 shutil.rmtree(self.local, ignore_errors=True)
 

@@ -304,8 +304,7 @@ class BucketShardWriter:
         paths.upload(self._rows.name, stem + ".vectors.bin")
         for suffix, array in ((".starts.bin", starts.astype(np.int64)),
                               (".lengths.bin", lengths.astype(np.int32))):
-            with paths.open(stem + suffix, "wb") as fh:
-                fh.write(np.ascontiguousarray(array).tobytes())
+            paths.write_bytes(stem + suffix, np.ascontiguousarray(array).tobytes())
         self._rows = open(os.path.join(self._tmp, "vectors.bin"), "wb")
         self.rows += rows_in_chunk
         self.lines += len(starts)

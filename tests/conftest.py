@@ -28,6 +28,13 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
+# no test asks a cloud metadata server for credentials (storage_servers.COMMON_ENV),
+# set before any client library is imported; subprocesses inherit it
+from storage_servers import COMMON_ENV  # noqa: E402
+
+for _k, _v in COMMON_ENV.items():
+    os.environ.setdefault(_k, _v)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures", "bilm-tf")
 REPO = os.path.dirname(HERE)
@@ -137,7 +144,7 @@ def _storage_server(kind):
     import storage_servers
 
     server = kind()
-    os.environ.update({**server.env(), **storage_servers.COMMON_ENV})
+    os.environ.update(server.env())
     return server
 
 

@@ -83,6 +83,74 @@ class GCS:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+class Proxy:
+    """A TCP proxy on 127.0.0.1 in front of a server: `down()` closes it and
+    every connection through it (clients are refused, as by a service that is
+    gone), `up()` listens again on the same port; the server behind keeps its
+    objects (restarting fake-gcs-server mid-write can lose a bucket)."""
+
+    def __init__(self, target_port: int):
+        import threading
+
+        self.target, self.port = target_port, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._lock, self._conns, self._server = threading.Lock(), set(), None
+        self.up()
+
+    def up(self) -> None:
+        import threading
+
+        self._server = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
+        threading.Thread(target=self._accept, args=(self._server,), daemon=True).start()
+
+    def down(self) -> None:
+        server, self._server = self._server, None
+        server.close()
+        with self._lock:
+            for c in list(self._conns):
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                c.close()
+            self._conns.clear()
+
+    def _accept(self, server) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return  # closed by down()
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, a, b) -> None:
+        try:
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for c in (a, b):
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def env(self, server: "GCS") -> dict:
+        return {**server.env(), "STORAGE_EMULATOR_HOST": self.url,
+                "TENSORSTORE_GCS_HTTP_URL": self.url}
+
+
 class S3:
     """moto's S3 server on 127.0.0.1 (its state in memory)."""
 
@@ -103,7 +171,15 @@ class S3:
         self.proc.wait(10)
 
 
-COMMON_ENV = {"EPATH_USE_TF": "false"}  # etils would take tf.io.gfile if TensorFlow is there
+COMMON_ENV = {
+    "EPATH_USE_TF": "false",  # etils would take tf.io.gfile if TensorFlow is there
+    # google-auth looks for a GCE metadata server (169.254.169.254) when no
+    # credentials are set: not from a test. No probe, and any that slips
+    # through goes to a closed port on this machine
+    "NO_GCE_CHECK": "true", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9",
+    # boto looks for EC2's instance metadata (169.254.169.254) the same way
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def new_bucket(scheme: str) -> str:

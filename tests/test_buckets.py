@@ -327,3 +327,44 @@ def test_a_corpus_job_into_a_bucket_killed_and_resumed_is_the_local_store_bit_fo
         assert len(other) == len(lines)
         for i in range(len(lines)):
             np.testing.assert_array_equal(other[i], reference[i])
+
+
+def test_the_storage_service_gone_mid_run_stops_it_with_a_line_and_the_same_command_resumes(
+        tmp_path, gcs):
+    """The storage service gone in the middle of a run (a proxy in front of
+    the emulator refuses every connection), for longer than the writes are
+    tried again (ELMO_JAX_STORAGE_RETRY_SECONDS, 2 here): the run ends with one
+    error line and status 2, its last checkpoint whole; once the service is
+    back, the same command resumes from that checkpoint and finishes."""
+    import storage_servers
+
+    proxy = storage_servers.Proxy(gcs.port)
+    bucket = storage_servers.new_bucket("gs")
+    data = write_grammar_corpus(tmp_path / "data")
+    env = {**devices_env(1, compile_bound=True), **proxy.env(gcs),
+           "ELMO_JAX_STORAGE_RETRY_SECONDS": "2"}
+    cmd = _train_cmd(data["train.txt"], data["vocab.txt"], f"{bucket}/run", 100000, 5)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while len(_steps(f"{bucket}/run") if paths.exists(f"{bucket}/run/checkpoints") else []) < 2:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() - t0 < 300
+        time.sleep(0.2)
+    proxy.down()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "run the same command again" in last, err[-3000:]
+    kept = _steps(f"{bucket}/run")
+    from elmo_jax import checkpoints
+
+    newest = checkpoints.latest_step(f"{bucket}/run")
+    assert newest is not None and newest >= 5, kept
+    proxy.up()
+    r = subprocess.run(_train_cmd(data["train.txt"], data["vocab.txt"], f"{bucket}/run",
+                                  newest + 10, 5), cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resuming from the checkpoint of step {newest}" in r.stderr, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == newest + 10

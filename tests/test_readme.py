@@ -117,3 +117,36 @@ def test_layout_names_every_module_and_top_level_file():
     missing += sorted(t for t in top if not t.startswith(".") and t not in hidden
                       and t not in named and t + "/" not in named)  # configs: a link
     assert missing == []
+
+
+def test_gcs_blocks_run_against_the_emulator(tmp_path, gcs):
+    """The pod section's ```gcs block: its commands run in order against the
+    GCS emulator, in a bucket `my-bucket` holding the grammar corpus, from a
+    folder that holds nothing of the run."""
+    import fsspec
+
+    from conftest import write_grammar_corpus
+
+    data = write_grammar_corpus(tmp_path / "data")
+    fs = fsspec.filesystem("gcs", use_listings_cache=False)
+    if not fs.exists("my-bucket"):
+        fs.mkdir("my-bucket")
+    for name, path in data.items():
+        fs.put_file(path, f"my-bucket/corpus/{name}")
+    work = tmp_path / "host"
+    work.mkdir()
+    for name in ("configs", "train.py", "embed.py"):
+        os.symlink(os.path.join(REPO, name), work / name)
+    env = dict(devices_env(1, compile_bound=True), PYTHONPATH=REPO)
+    cmds = [c for info, text in BLOCKS if info == "gcs" for c in commands(text)]
+    assert len(cmds) >= 4
+    for c in cmds:
+        if not c.startswith("python -c"):
+            check_flags(c)
+        r = subprocess.run(re.sub(r"^python ", shlex.quote(sys.executable) + " ", c),
+                           shell=True, cwd=work, env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, (c, r.stderr[-3000:])
+    assert r.stdout.split()[0] == "60"  # the held-out file's lines, read back from the bucket
+    assert sorted(os.listdir(work)) == ["configs", "embed.py", "train.py"]
+    assert fs.exists("my-bucket/elmo-tiny/export/weights.hdf5")

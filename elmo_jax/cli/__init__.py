@@ -4,6 +4,7 @@ same commands). What they share: bad input is a one-line error."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from elmo_jax.huge_pages import reexec_with_huge_pages
@@ -16,6 +17,11 @@ def run_cli(main) -> None:
     up only when something is raised: `--help`, and the parent of a run of
     several processes (`supervise`), never import jax."""
     reexec_with_huge_pages()
+    import logging
+
+    # gcsfs logs each request it gives up on with a traceback; the command's
+    # error line says what failed and what to do
+    logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
     try:
         sys.exit(main())
     except Exception as e:
@@ -23,6 +29,15 @@ def run_cli(main) -> None:
             raise
         for line in str(e).splitlines() or [""]:  # several faults: a line each
             print(f"error: {line}", file=sys.stderr)
+        from elmo_jax.paths import StorageError
+
+        if isinstance(e, StorageError):
+            # the storage stopped answering: the clients' background threads
+            # (orbax's, TensorStore's) would go on retrying, and logging each
+            # try, for minutes at exit; everything elmo-jax keeps is written
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(2)
         sys.exit(2)
 
 

@@ -280,6 +280,7 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source,
         write_run(workdir, config, vocab, lexicon)
     run = _Run(config, vocab, workdir, mesh, built.step, batcher, rewind, mngr, lexicon)
     log = MetricsLog(workdir, purge_step=None if resume_step is None else resume_step + 1)
+    storage_failed = False
     try:
         if resume_step is not None:
             log.write({"step": resume_step, "event": "resumed", "from_step": resume_step,
@@ -290,8 +291,11 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source,
             return stopped_during_start_up(int(state.step), why, requests, log)
         return _loop(run, state, count, StopPolicy(config.train, requests), resume_step,
                      progress, log)
+    except (paths.StorageError, checkpoints.CheckpointError):
+        storage_failed = True
+        raise
     finally:
-        log.close()
+        log.close(upload=not storage_failed)
         mngr.wait_until_finished()
         if hasattr(batcher, "close"):
             batcher.close()

@@ -206,6 +206,7 @@ class MetricsLog:
         self._queue = None
         self._thread = None
         self._error: BaseException | None = None
+        self._upload_at_close = True
 
     def write(self, record: dict) -> None:
         if jax.process_index() != 0:
@@ -247,11 +248,15 @@ class MetricsLog:
                 writer.close()
             if mirror is not None:
                 try:
-                    mirror.close()
+                    mirror.close(sync=self._error is None and self._upload_at_close)
                 except BaseException as e:
                     self._error = self._error or e
 
-    def close(self) -> None:
+    def close(self, upload: bool = True) -> None:
+        """Wait for every record to be written; `upload` False leaves a
+        bucket's copy as it last was (the storage has stopped answering: one
+        more upload would only wait out its retries again)."""
+        self._upload_at_close = upload
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
