@@ -186,12 +186,19 @@ def test_a_per_device_batch_is_bilm_tf_s_batch_times_the_devices(tmp_path):
 
 
 # train.py with orbax's save of step 20 cut short: SIGKILL as soon as the save
-# has started (it writes in a background thread), before its files are whole
+# has started (it writes in a background thread), before its files are whole,
+# once the metrics log's own thread has written the records before it
 _KILLED_DURING_THE_SAVE_OF_STEP_20 = textwrap.dedent("""
-    import os, runpy, signal, sys
+    import json, os, runpy, signal, sys, time
     from elmo_jax import checkpoints
     started = checkpoints.save
+    metrics = os.path.join(sys.argv[sys.argv.index("--workdir") + 1], "metrics.jsonl")
     def save(mngr, state, positions):
+        if int(state.step) == 20:  # the log's thread has written the records up to here
+            t0 = time.time()
+            while time.time() - t0 < 60 and not (os.path.exists(metrics) and any(
+                    json.loads(x).get("step") == 20 for x in open(metrics))):
+                time.sleep(0.05)
         started(mngr, state, positions)
         if int(state.step) == 20:
             os.kill(os.getpid(), signal.SIGKILL)
