@@ -165,28 +165,26 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0][:300] if text else repr(e)
 
 
-def exists(path) -> bool:
+def _ask(path, question: str) -> bool:
+    """os.path's `question` ("exists", "isdir", "isfile") of a local path, or
+    the bucket's of an object path (a missing bucket is a StorageError)."""
     path = check(path)
     if not is_remote(path):
-        return os.path.exists(path)
+        return getattr(os.path, question)(path)
     with storage_errors(path):
-        return _bucket_checked(path, filesystem(path).exists(path))
+        return _bucket_checked(path, getattr(filesystem(path), question)(path))
+
+
+def exists(path) -> bool:
+    return _ask(path, "exists")
 
 
 def isdir(path) -> bool:
-    path = check(path)
-    if not is_remote(path):
-        return os.path.isdir(path)
-    with storage_errors(path):
-        return _bucket_checked(path, filesystem(path).isdir(path))
+    return _ask(path, "isdir")
 
 
 def isfile(path) -> bool:
-    path = check(path)
-    if not is_remote(path):
-        return os.path.isfile(path)
-    with storage_errors(path):
-        return _bucket_checked(path, filesystem(path).isfile(path))
+    return _ask(path, "isfile")
 
 
 def _bucket_checked(path: str, found: bool) -> bool:
