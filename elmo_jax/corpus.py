@@ -34,10 +34,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from elmo_jax import chars
+from elmo_jax import chars, paths
 from elmo_jax.data.sources import DataError
 from elmo_jax.elmo import windows
-from elmo_jax import paths
 from elmo_jax.embedding import embed
 from elmo_jax.embedding import mix_weights as normalized_mix
 from elmo_jax.options import ElmoOptions
@@ -106,8 +105,8 @@ def describe_inputs(files: Sequence[str]) -> list[dict]:
     out = []
     for f in files:
         if paths.is_remote(f):  # an object: its size and generation (or ETag)
-            size, version = paths.identity(f).split("-", 1)
-            out.append({"path": f, "size": int(size), "version": version})
+            size, version = paths.version(f)
+            out.append({"path": f, "size": size, "version": version})
             continue
         st = os.stat(f)
         out.append({"path": os.path.abspath(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns})

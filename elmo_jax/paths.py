@@ -17,6 +17,7 @@ server) or `STORAGE_EMULATOR_HOST`; s3fs boto's (`AWS_*`, `AWS_ENDPOINT_URL`).
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import os
@@ -42,7 +43,12 @@ class PathError(UserError, ValueError):
 
 class StorageError(UserError, OSError):
     """Remote storage refused or failed: no such bucket, no permission, no
-    credentials, the service unreachable; the message says what to do."""
+    credentials, the service unreachable; the message says what to do.
+    `transient`: the service failed (it may answer again: `retry` waits)."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 def scheme(path: str | os.PathLike) -> str | None:
@@ -155,8 +161,9 @@ def storage_error(path, e: BaseException) -> StorageError:
     elif "quota" in text or "429" in text or "insufficient storage" in text or "507" in text:
         why = f"{path}: the storage quota is exhausted ({first_line(e)})"
     else:
-        why = (f"{path}: the storage service failed ({type(e).__name__}: {first_line(e)}); "
-               "nothing was lost: run the same command again once it answers")
+        return StorageError(f"{path}: the storage service failed ({type(e).__name__}: "
+                            f"{first_line(e)}); nothing was lost: run the same command again "
+                            "once it answers", transient=True)
     return StorageError(why)
 
 
@@ -251,8 +258,6 @@ def open(path, mode: str = "rb", **kwargs):  # noqa: A001 (the name says what it
     """A file object of `path`: local, or a bucket object (read: streamed in
     blocks; write: uploaded when closed; prefer `files.atomic_path` for
     writes, which uploads only on success)."""
-    import builtins
-
     path = check(path)
     if not is_remote(path):
         return builtins.open(path, mode, **kwargs)
@@ -316,7 +321,7 @@ def write_bytes(path: str, data: bytes) -> None:
     if not is_remote(path):
         from elmo_jax.files import atomic_path
 
-        with atomic_path(path) as tmp, builtins_open(tmp, "wb") as fh:
+        with atomic_path(path) as tmp, builtins.open(tmp, "wb") as fh:
             fh.write(data)
         return
     fs = filesystem(path)
@@ -327,34 +332,24 @@ def write_bytes(path: str, data: bytes) -> None:
     retry(pipe, path)
 
 
-def builtins_open(*args, **kwargs):
-    import builtins
-
-    return builtins.open(*args, **kwargs)
-
-
-def identity(path) -> str:
-    """What changes when the file changes: a local file's size and mtime, an
-    object's size and generation (or ETag)."""
+def version(path) -> tuple[int, str]:
+    """(size, what changes when the file changes): a local file's mtime, an
+    object's generation (or ETag), asked afresh (no listing cache)."""
     path = check(path)
     if not is_remote(path):
         st = os.stat(path)
-        return f"{st.st_size}-{st.st_mtime_ns}"
-    fs = filesystem(path)
+        return st.st_size, str(st.st_mtime_ns)
     with storage_errors(path):
-        info = fs.info(path, refresh=True) if "refresh" in _info_args(fs) else fs.info(path)
-    version = info.get("generation") or info.get("ETag") or info.get("etag") \
+        info = filesystem(path).info(path)
+    changes = info.get("generation") or info.get("ETag") or info.get("etag") \
         or info.get("mtime") or info.get("LastModified") or info.get("updated")
-    return f"{info.get('size')}-{version}"
+    return int(info.get("size")), str(changes)
 
 
-def _info_args(fs) -> tuple[str, ...]:
-    import inspect
-
-    try:
-        return tuple(inspect.signature(fs.info).parameters)
-    except (TypeError, ValueError):
-        return ()
+def identity(path) -> str:
+    """`version(path)` as one string, for cache keys."""
+    size, changes = version(path)
+    return f"{size}-{changes}"
 
 
 def local_cache_root() -> str:
@@ -468,7 +463,7 @@ def retry(fn, path, *, seconds: float | None = None, first_wait: float = 1.0):
         try:
             return fn()
         except StorageError as e:
-            if "the storage service failed" not in str(e):
+            if not e.transient:
                 raise
             if time.monotonic() + wait > deadline:
                 raise StorageError(f"{e} (tried for {seconds:g} s: {RETRY_ENV})") from None
