@@ -118,7 +118,7 @@ def _corpus_files(folder: str, mb: float) -> list[str]:
 
 
 def bench_corpus(bucket: str, mb: float, tmp: str) -> dict:
-    from elmo_jax import paths
+    from elmo_jax import copies, paths
     from elmo_jax.data.streams import TokenCorpus
 
     local_dir = os.path.join(tmp, "corpus")
@@ -132,7 +132,7 @@ def bench_corpus(bucket: str, mb: float, tmp: str) -> dict:
                                 ("bucket, cold cache", f"{bucket}/corpus/train-*.txt", True),
                                 ("bucket, cached", f"{bucket}/corpus/train-*.txt", False)):
         if cold:
-            shutil.rmtree(paths.local_cache_dir(), ignore_errors=True)
+            shutil.rmtree(copies.local_cache_dir(), ignore_errors=True)
         t0 = time.perf_counter()
         corpus = TokenCorpus.from_files(pattern)
         seconds = time.perf_counter() - t0

@@ -30,7 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from elmo_jax import paths
+from elmo_jax import buckets, errors, paths
 from elmo_jax.errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
@@ -74,7 +74,7 @@ def manager(workdir: str, max_to_keep: int = 3,
     backend is not the CPU."""
     if asynchronous is None:
         asynchronous = jax.default_backend() != "cpu"
-    paths.forget_listings(workdir)
+    buckets.forget_listings(workdir)
     return ocp.CheckpointManager(
         checkpoint_dir(workdir),
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
@@ -123,9 +123,9 @@ def save(mngr: ocp.CheckpointManager, state, data: dict) -> None:
     except Exception as e:  # tensorstore's and gcsfs's, once their own retries are spent
         if not paths.is_remote(str(mngr.directory)):
             raise
-        raise paths.StorageError(
+        raise errors.StorageError(
             f"the checkpoint of step {int(state.step)} could not be written to "
-            f"{mngr.directory} ({type(e).__name__}: {paths.first_line(e)}): training stopped. "
+            f"{mngr.directory} ({type(e).__name__}: {buckets.first_line(e)}): training stopped. "
             "Its newest whole checkpoint is kept: run the same command again once the storage "
             "answers, and it resumes from there") from None
 
@@ -168,7 +168,7 @@ def latest_step(workdir: str) -> int | None:
     directory = checkpoint_dir(workdir)
     if not paths.isdir(directory):
         return None
-    paths.forget_listings(directory)
+    buckets.forget_listings(directory)
     return ocp.CheckpointManager(directory).latest_step()
 
 

@@ -161,8 +161,7 @@ def config_from_dict(d: dict) -> Config:
 def check_paths(data: DataConfig) -> None:
     """Every path of the data section is local, gs:// or s3:// (`paths`), or
     one ConfigError a line each; `init_from` may also be a URL or a name."""
-    from elmo_jax import paths
-
+    from elmo_jax import errors, paths
     bad = []
     for name in ("train_files", "eval_files", "vocab_file", "init_from"):
         value = getattr(data, name)
@@ -171,7 +170,7 @@ def check_paths(data: DataConfig) -> None:
             continue
         try:
             paths.check(value)
-        except paths.PathError as e:
+        except errors.PathError as e:
             bad.append(f"data.{name}: {e}")
     if bad:
         raise ConfigError("\n".join(bad))

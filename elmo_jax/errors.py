@@ -10,3 +10,18 @@ class ElmoJaxError(Exception):
 class UserError(ElmoJaxError):
     """The user's mistake or the world's (a bad path, a missing bucket): the
     message says what is wrong and what to do."""
+
+
+class PathError(UserError, ValueError):
+    """A path elmo-jax cannot open: an unknown scheme, a malformed bucket path,
+    a client library that is not installed."""
+
+
+class StorageError(UserError, OSError):
+    """Remote storage refused or failed: no such bucket, no permission, no
+    credentials, the service unreachable; the message says what to do.
+    `transient`: the service failed (it may answer again: `retry` waits)."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient

@@ -22,7 +22,7 @@ import os
 import warnings
 from typing import NamedTuple
 
-from elmo_jax import paths
+from elmo_jax import copies, paths
 from elmo_jax.lexicon import LEXICON_FILE, Lexicon, LexiconError
 from elmo_jax.options import ElmoOptions
 from elmo_jax.vocab import VocabError, Vocabulary
@@ -53,7 +53,7 @@ def save_export(out_dir: str | os.PathLike, params: dict, options: ElmoOptions,
     if (lexicon is not None) != (options.char_cnn.spelling == "lexicon"):
         raise LexiconError("a model that spells with a lexicon is exported with it, and "
                            "only such a model")
-    with paths.written_folder(out_dir) as local:
+    with copies.written_folder(out_dir) as local:
         _write_export(local, params, options, vocab, softmax, lexicon)
     return out_dir
 

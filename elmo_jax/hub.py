@@ -26,6 +26,14 @@ one, or whose size or digests no longer match, is fetched again. A lock file
 (`fcntl.flock`) makes concurrent processes (a pod's hosts on a shared disk,
 pytest workers) download once: the others wait, then find it there.
 
+`ELMO_JAX_CACHE=gs://bucket/prefix` (or s3://) is a cache shared by hosts
+that share no disk (a pod's): files are read and written locally under
+`${XDG_CACHE_HOME:-~/.cache}/elmo-jax` as above, and each verified download
+is also uploaded to the same place under the prefix (the file, then its
+record); a host that misses locally takes the bucket's copy when its record
+matches, before downloading. Hosts that start together may each download
+once (a bucket has no lock); the objects they write are the same.
+
 `ELMO_JAX_OFFLINE=1` (or `HF_HUB_OFFLINE=1`) uses the cache only and names
 what is missing; `ELMO_JAX_ENDPOINT=http://host:port` fetches every registry
 URL from that server at the same path (a mirror; each alternative at its own).
@@ -50,7 +58,7 @@ import urllib.parse
 import urllib.request
 import zipfile
 
-from elmo_jax import paths
+from elmo_jax import copies, paths
 from elmo_jax.files import write_json
 from elmo_jax.registry import REGISTRY, File, Published
 
@@ -64,9 +72,14 @@ class DownloadError(OSError):
 
 
 def cache_dir() -> str:
-    root = os.environ.get("ELMO_JAX_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "elmo-jax")
-    return os.path.abspath(os.path.expanduser(root))
+    """The local cache folder (`$ELMO_JAX_CACHE` when it is local)."""
+    return os.path.abspath(os.path.expanduser(copies.local_cache_root()))
+
+
+def shared_cache() -> str | None:
+    """`$ELMO_JAX_CACHE` when it is a bucket prefix, else None."""
+    root = os.environ.get("ELMO_JAX_CACHE")
+    return paths.check(root).rstrip("/") if root and paths.is_remote(root) else None
 
 
 def use_compilation_cache() -> None:
@@ -76,9 +89,13 @@ def use_compilation_cache() -> None:
     import jax
 
     _one_cache_key_for_every_process()
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+    chosen = os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir
+    if chosen:
+        paths.check(chosen)  # a bucket is fine (JAX writes it through etils' epath)
         return
-    jax.config.update("jax_compilation_cache_dir", os.path.join(cache_dir(), "xla"))
+    shared = shared_cache()
+    jax.config.update("jax_compilation_cache_dir",
+                      paths.join(shared, "xla") if shared else os.path.join(cache_dir(), "xla"))
 
 
 def _one_cache_key_for_every_process() -> None:
@@ -165,23 +182,23 @@ def resolve(model: str | os.PathLike, options: str | os.PathLike | None = None,
 def _remote_model(path: str, options) -> tuple[str, str | None]:
     """A model in a bucket: a training workdir is read where it is (orbax
     reads its checkpoint); any other form is copied into the local cache once
-    (`paths.local_copy`, keyed by the objects' identities) and read there."""
+    (`copies.local_copy`, keyed by the objects' identities) and read there."""
     options = None if options is None else (
         fetch(str(options), _url_dir([options]) + "/options.json", None) if is_url(options)
-        else paths.local_copy(options))
+        else copies.local_copy(options))
     if paths.isdir(path):
         if (paths.exists(paths.join(path, "config.json"))
                 and paths.isdir(paths.join(path, "checkpoints"))):
             return path, options
-        return paths.local_copy_tree(path), options
+        return copies.local_copy_tree(path), options
     if not paths.exists(path):
         raise FileNotFoundError(f"model not found: {path}")
-    local = paths.local_copy(path)
+    local = copies.local_copy(path)
     if is_archive(local):
         return resolve(local, options)
     if options is None:  # a weights file: its options.json beside it, as locally
         beside = paths.join(paths.dirname(path), "options.json")
-        options = paths.local_copy(beside) if paths.exists(beside) else None
+        options = copies.local_copy(beside) if paths.exists(beside) else None
     return local, options
 
 
@@ -210,7 +227,7 @@ def fetch_published(model: Published, progress: bool = True, softmax: bool = Fal
 
 
 def fetch_file(file: File, dest: str, model: Published | None = None,
-               progress: bool = True) -> str:
+               progress: bool = True, share: bool = True) -> str:
     """`file` at `dest`: its URLs tried in order (each at the mirror, with
     ELMO_JAX_ENDPOINT), or its parts fetched and joined; its size and digests
     checked. When no URL gives it, one error names every URL and why, and
@@ -222,7 +239,7 @@ def fetch_file(file: File, dest: str, model: Published | None = None,
     failures = []
     for url in file.urls:
         try:
-            return fetch(mirrored(url), dest, file, progress=progress, shown=url)
+            return fetch(mirrored(url), dest, file, progress=progress, shown=url, share=share)
         except DownloadError as e:
             if offline():
                 raise
@@ -239,9 +256,9 @@ def _joined(file: File, dest: str, model: Published | None, progress: bool) -> s
     into `dest` and the whole checked; the parts removed."""
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     with file_lock(dest + ".lock"):
-        if _cached(dest, file):
+        if _cached(dest, file) or _from_shared(dest, file):
             return dest
-        parts = [fetch_file(p, f"{dest}.part-{i:02d}", model, progress)
+        parts = [fetch_file(p, f"{dest}.part-{i:02d}", model, progress, share=False)
                  for i, p in enumerate(file.parts)]
         shown = f"{file.parts[0].urls[0]} (and its {len(parts) - 1} other parts, joined)"
         digests = _write_checked(dest, (chunk for part in parts for chunk in _file_chunks(part)),
@@ -252,6 +269,7 @@ def _joined(file: File, dest: str, model: Published | None, progress: bool) -> s
             for p in (part, _record_path(part), part + ".lock"):
                 if os.path.exists(p):
                     os.unlink(p)
+    _to_shared(dest)
     return dest
 
 
@@ -290,12 +308,13 @@ def _suffix(url: str) -> str:
 
 
 def fetch(url: str, dest: str, expected: File | None = None, progress: bool = True,
-          shown: str | None = None) -> str:
-    """Download `url` to `dest` unless a whole, verified copy is there.
-    `expected` gives the registry's size and digests to check; `shown` the URL
-    to name in messages (the registry's, when fetched from a mirror)."""
+          shown: str | None = None, share: bool = True) -> str:
+    """Download `url` to `dest` unless a whole, verified copy is there (or in
+    the shared cache). `expected` gives the registry's size and digests to
+    check; `shown` the URL to name in messages (the registry's, when fetched
+    from a mirror); `share`: upload it to the shared cache too."""
     shown = shown or url
-    if _cached(dest, expected):
+    if _cached(dest, expected) or (share and _from_shared(dest, expected)):
         return dest
     if offline():
         raise DownloadError(f"offline (ELMO_JAX_OFFLINE / HF_HUB_OFFLINE is set) and {shown} "
@@ -308,7 +327,54 @@ def fetch(url: str, dest: str, expected: File | None = None, progress: bool = Tr
         digests = _download(url, dest, expected, progress, shown)
         write_json(_record_path(dest), {"url": shown, **digests,
                                         "size": os.path.getsize(dest)})
+    if share:
+        _to_shared(dest)
     return dest
+
+
+def _shared_twin(dest: str) -> str | None:
+    """`dest`'s place in the shared cache (None without one, or for a file
+    outside the local cache)."""
+    shared, rel = shared_cache(), os.path.relpath(dest, cache_dir())
+    if shared is None or rel.startswith(".."):
+        return None
+    return paths.join(shared, *rel.split(os.sep))
+
+
+def _from_shared(dest: str, expected: File | None) -> bool:
+    """Take the shared cache's copy of `dest` when it is whole there (its
+    record is written after it) and matches `expected`; True if taken."""
+    twin = _shared_twin(dest)
+    if twin is None or not paths.exists(_record_path(twin)):
+        return False
+    try:
+        record = json.loads(paths.read_text(_record_path(twin)))
+    except ValueError:
+        return False
+    if expected is not None and not (
+            (expected.size is None or record.get("size") == expected.size)
+            and all(record.get(k) == v for k, v in expected.digests.items())):
+        return False
+    paths.download(twin, dest)
+    hashes = _hashes()
+    for chunk in _file_chunks(dest):
+        for h in hashes.values():
+            h.update(chunk)
+    if (record.get("size") != os.path.getsize(dest)
+            or any(record.get(k) != h.hexdigest() for k, h in hashes.items())):
+        os.unlink(dest)  # the object is not what its record says: fetch it again
+        return False
+    write_json(_record_path(dest), record)
+    return _cached(dest, expected)
+
+
+def _to_shared(dest: str) -> None:
+    """Upload `dest` to the shared cache, its record last (a host that sees
+    the record finds the file whole)."""
+    twin = _shared_twin(dest)
+    if twin is not None:
+        paths.upload(dest, twin)
+        paths.upload(_record_path(dest), _record_path(twin))
 
 
 def _record_path(dest: str) -> str:

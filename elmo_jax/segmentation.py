@@ -61,7 +61,7 @@ def segmented_files(pattern: str, lang: str) -> str:
     import hashlib
     import os
 
-    from elmo_jax import paths
+    from elmo_jax import copies, paths
     from elmo_jax.data.sources import list_shards
     from elmo_jax.files import atomic_path, split_lines
     from elmo_jax.hub import cache_dir, file_lock
@@ -76,7 +76,7 @@ def segmented_files(pattern: str, lang: str) -> str:
         else:
             st = os.stat(p)
             digest.update(f"\n{os.path.abspath(p)}\t{st.st_size}\t{st.st_mtime_ns}".encode())
-    root = cache_dir() if not paths.is_remote(cache_dir()) else paths.local_cache_root()
+    root = cache_dir() if not paths.is_remote(cache_dir()) else copies.local_cache_root()
     out = os.path.join(root, "segmented", digest.hexdigest()[:16])
     done = os.path.join(out, "DONE")
     if not os.path.exists(done):
@@ -84,7 +84,7 @@ def segmented_files(pattern: str, lang: str) -> str:
         with file_lock(os.path.join(out, ".lock")):
             if not os.path.exists(done):
                 for i, p in enumerate(files):
-                    with open(paths.local_copy(p), encoding="utf-8", errors="strict") as fh:
+                    with open(copies.local_copy(p), encoding="utf-8", errors="strict") as fh:
                         lines = split_lines(fh.read())
                     tokens = tokenize_lines(lines, lang)
                     target = os.path.join(out, f"{i:05d}-{paths.basename(p)}")

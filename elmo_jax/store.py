@@ -41,7 +41,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from elmo_jax import paths
+from elmo_jax import copies, errors, paths
 from elmo_jax.errors import UserError
 from elmo_jax.files import read_json, write_json
 
@@ -130,7 +130,7 @@ def claim(directory: str, spec: StoreSpec) -> None:
                          "or new folder as --output")
     try:
         write_json(path, spec.to_dict())
-    except paths.StorageError:
+    except errors.StorageError:
         raise
     except OSError as e:
         raise StoreError(f"cannot write {path}: {e.strerror}") from None
@@ -488,7 +488,7 @@ def local_store(directory: str, progress: bool = True) -> str:
         paths.identity(paths.join(shard_dir(directory, s, n), "done.json")) for s in range(n)])
     import hashlib
 
-    dest = os.path.join(paths.local_cache_root(), "stores",
+    dest = os.path.join(copies.local_cache_root(), "stores",
                         hashlib.sha256(key.encode()).hexdigest()[:24])
     if os.path.exists(os.path.join(dest, SPEC_FILE)):
         return dest
@@ -499,7 +499,7 @@ def local_store(directory: str, progress: bool = True) -> str:
     try:
         for s in range(n):
             _assemble_shard(directory, s, n, listings[s], tmp)
-        shutil.copyfile(paths.local_copy(spec_path), os.path.join(tmp, SPEC_FILE))
+        shutil.copyfile(copies.local_copy(spec_path), os.path.join(tmp, SPEC_FILE))
         os.replace(tmp, dest)
     except OSError:
         if not os.path.exists(os.path.join(dest, SPEC_FILE)):
@@ -525,7 +525,7 @@ def _assemble_shard(directory: str, shard: int, n: int, names: set, out_root: st
     finally:
         for fh in files.values():
             fh.close()
-    shutil.copyfile(paths.local_copy(paths.join(remote, "done.json")),
+    shutil.copyfile(copies.local_copy(paths.join(remote, "done.json")),
                     os.path.join(out, "done.json"))
 
 

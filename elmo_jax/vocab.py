@@ -14,7 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
-from elmo_jax import paths
+from elmo_jax import copies, paths
 from elmo_jax.files import split_lines, write_text
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
@@ -80,7 +80,7 @@ def read_word_list(path: str | os.PathLike) -> list[str]:
     special tokens), for caching token vectors."""
     if not paths.exists(path):
         raise FileNotFoundError(f"word list not found: {path}")
-    shown, path = path, paths.local_copy(path)
+    shown, path = path, copies.local_copy(path)
     opener = gzip.open if os.fspath(path).endswith(".gz") else open  # NLPL's vocab.txt.gz
     with opener(path, "rt", encoding="utf-8", newline="") as fh:  # lines end at "\n" only
         try:

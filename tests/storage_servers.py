@@ -105,6 +105,10 @@ class Proxy:
 
     def down(self) -> None:
         server, self._server = self._server, None
+        try:  # wakes the thread in accept(): a close alone leaves it accepting (Linux)
+            server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         server.close()
         with self._lock:
             for c in list(self._conns):
@@ -169,6 +173,94 @@ class S3:
     def close(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
+
+
+class S3WithAuth:
+    """moto's S3 server checking every request's credentials, with a bucket
+    `locked` and a user `reader` whose keys (`reader_env()`) may read and list
+    it but not write. moto checks credentials once it has answered
+    INITIAL_NO_AUTH_ACTION_COUNT requests: the readiness probe and the four
+    that set up the bucket and the user."""
+
+    def __init__(self):
+        import json
+
+        import boto3
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from moto.server import main; main()", "-H", "127.0.0.1",
+             "-p", str(self.port)], env=dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="5"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for(self.url, self.proc, "moto's S3 server")
+        root = dict(endpoint_url=self.url, aws_access_key_id="root",
+                    aws_secret_access_key="root", region_name="us-east-1")
+        boto3.client("s3", **root).create_bucket(Bucket="locked")
+        iam = boto3.client("iam", **root)
+        iam.create_user(UserName="reader")
+        self.key = iam.create_access_key(UserName="reader")["AccessKey"]
+        iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps({
+            "Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"],
+                "Resource": "*"}]}))
+
+    def reader_env(self) -> dict:
+        return {"AWS_ENDPOINT_URL": self.url, "AWS_ACCESS_KEY_ID": self.key["AccessKeyId"],
+                "AWS_SECRET_ACCESS_KEY": self.key["SecretAccessKey"],
+                "AWS_DEFAULT_REGION": "us-east-1"}
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+class RefusingGCS:
+    """An HTTP server on 127.0.0.1 that answers every request as GCS answers
+    a refused one: `answer(status, reason, message)` sets the status and the
+    JSON error body (no credentials, no permission, a quota). Point
+    STORAGE_EMULATOR_HOST at `url`."""
+
+    def __init__(self):
+        import http.server
+        import json
+        import threading
+
+        self.reply = (500, b"{}")
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _refuse(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                status, body = server.reply
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except BrokenPipeError:
+                    pass
+
+            do_GET = do_POST = do_PUT = do_DELETE = _refuse
+
+            def log_message(self, *args):
+                pass
+
+        self._json = json
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def answer(self, status: int, reason: str, message: str) -> None:
+        error = {"code": status, "message": message,
+                 "errors": [{"message": message, "domain": "global", "reason": reason}]}
+        self.reply = (status, self._json.dumps({"error": error}).encode())
+
+    def close(self) -> None:
+        self.httpd.shutdown()
 
 
 COMMON_ENV = {

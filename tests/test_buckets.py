@@ -14,8 +14,7 @@ import pytest
 
 from conftest import REPO, devices_env, write_grammar_corpus
 from elmo_jax import files as files_lib
-from elmo_jax import paths
-
+from elmo_jax import copies, paths
 pytestmark = pytest.mark.e2e
 TINY = os.path.join(REPO, "configs", "tiny.json")
 
@@ -147,6 +146,10 @@ def test_a_run_killed_during_a_save_to_a_bucket_resumes_from_the_checkpoint_befo
     want = {json.loads(x)["step"]: json.loads(x)["train_loss"]
             for x in open(os.path.join(ref, "metrics.jsonl")) if "train_loss" in x}
     work = f"{gs_bucket}/killed"
+    # the caches in the bucket too: JAX's compiled programs (ELMO_JAX_CACHE/xla)
+    env = {k: v for k, v in env.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(ELMO_JAX_CACHE=f"{gs_bucket}/cache", XDG_CACHE_HOME=str(tmp_path / "local"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_LOG_COMPILES="1")
     killed = subprocess.run([sys.executable, "-c", _KILLED_DURING_THE_SAVE_OF_STEP_4,
                              *_train_cmd(remote["train"], remote["vocab"], work, 6)[1:]],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -160,6 +163,12 @@ def test_a_run_killed_during_a_save_to_a_bucket_resumes_from_the_checkpoint_befo
                            env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from the checkpoint of step 2" in again.stderr, again.stderr[-2000:]
+    # the resumed run read the killed run's train step from the bucket and
+    # compiled nothing after step 1
+    assert "Persistent compilation cache hit for 'jit_train_step'" in again.stderr
+    assert any(n.endswith("-cache") for n in paths.listdir(f"{gs_bucket}/cache/xla"))
+    assert json.loads(again.stdout.strip().splitlines()[-1])["compiled_since_step_1"] == 0
+    assert not os.path.exists(tmp_path / "gs:")
     from elmo_jax.training.workdir import read_metrics
 
     got = {m["step"]: m["train_loss"] for m in read_metrics(work) if "train_loss" in m}
@@ -226,6 +235,41 @@ def test_an_export_on_s3_and_a_workdir_on_s3_refused_before_anything_is_written(
     files_lib.write_text(f"{bucket}/x.txt", "x")  # the bucket itself works
 
 
+def test_no_google_credentials_is_one_line_while_the_metadata_server_does_not_answer(
+        tmp_path):
+    """A machine with no Google credentials whose metadata address takes
+    connections and never answers (where gcsfs's probes and then its
+    anonymous requests take a minute or more): `train.py --workdir gs://...`
+    is one line naming what to set, within the probe's bound, and nothing is
+    written."""
+    import socket
+    import threading
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    held = []
+    threading.Thread(target=lambda: held.extend(iter(lambda: silent.accept(), None)),
+                     daemon=True).start()
+    data = write_grammar_corpus(tmp_path / "data")
+    env = {k: v for k, v in devices_env(1).items()
+           if k not in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS",
+                        "FSSPEC_GCS_TOKEN", "NO_GCE_CHECK")}
+    env.update(HOME=str(tmp_path / "home"), CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
+               GCE_METADATA_HOST=f"127.0.0.1:{silent.getsockname()[1]}")
+    t0 = time.monotonic()
+    r = subprocess.run(_train_cmd(data["train.txt"], data["vocab.txt"], "gs://elmo-jax-b/run",
+                                  2), cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    took = time.monotonic() - t0
+    silent.close()
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        "error: no credentials for gs://elmo-jax-b/run: set GOOGLE_APPLICATION_CREDENTIALS")
+    assert "no metadata server answered" in r.stderr and "Traceback" not in r.stderr
+    assert held, "the metadata address was not asked"
+    assert sorted(os.listdir(tmp_path)) == ["data"]
+    assert took < 60, took  # not gcsfs's minute and more of probes and retries
+
+
 _KILLED_INSIDE_CHUNK_2 = """
 import os, sys
 from elmo_jax import store
@@ -233,7 +277,7 @@ finish = store.BucketShardWriter.finish_chunk
 def finish_chunk(self, *a, **k):
     if len(self.markers) == 2:  # chunk 2's rows uploaded, then death before its marker
         self._rows.close()
-        from elmo_jax import paths
+        from elmo_jax import copies, paths
         paths.upload(self._rows.name, paths.join(self.dir, "chunk-000002.vectors.bin"))
         os._exit(137)
     finish(self, *a, **k)
@@ -305,16 +349,30 @@ def test_a_corpus_job_into_a_bucket_killed_and_resumed_is_the_local_store_bit_fo
     first = next(store.batches(4))
     np.testing.assert_array_equal(first["features"], next(reference.batches(4))["features"])
 
-    merged = tmp_path / "merged.hdf5"
     r = subprocess.run([sys.executable, os.path.join(REPO, "embed.py"), "--merge", out,
-                        "--output", str(merged)], cwd=tmp_path, capture_output=True, text=True,
-                       env=env, timeout=300)
+                        "--output", f"{gs_bucket}/merged.hdf5"], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     import h5py
 
-    with h5py.File(merged) as fh:
+    with h5py.File(copies.local_copy(f"{gs_bucket}/merged.hdf5")) as fh:
         assert len(fh) == len(lines)
         np.testing.assert_array_equal(fh["9"][...], reference[9])
+    # bilm-tf's stateful dump, read from and written to the bucket as locally
+    for given, dump in ((str(tmp_path / "a.txt"), str(tmp_path / "stateful.hdf5")),
+                        (f"{gs_bucket}/corpus/a.txt", f"{gs_bucket}/stateful.hdf5")):
+        r = subprocess.run([sys.executable, os.path.join(REPO, "embed.py"), "--stateful",
+                            "--input", given, "--output", dump, "--weights", WEIGHTS,
+                            "--no_progress"], cwd=tmp_path, capture_output=True, text=True,
+                           env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+    with h5py.File(tmp_path / "stateful.hdf5") as a, \
+            h5py.File(copies.local_copy(f"{gs_bucket}/stateful.hdf5")) as b:
+        assert sorted(a) == sorted(b) and len(a) == 11
+        for k in a:
+            np.testing.assert_array_equal(a[k][...], b[k][...])
+    assert sorted(os.listdir(tmp_path)) == ["a.txt", "b.txt", "cache", "local-store",
+                                            "stateful.hdf5"]
 
     # two workers, one prefix; and the same job on S3
     two = f"{gs_bucket}/two"
@@ -368,3 +426,75 @@ def test_the_storage_service_gone_mid_run_stops_it_with_a_line_and_the_same_comm
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"resuming from the checkpoint of step {newest}" in r.stderr, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1])["step"] == newest + 10
+
+
+# the corpus job, paused before chunk 2's first upload until the test has
+# taken the storage service away (the file `go` appears)
+_PAUSED_BEFORE_CHUNK_2 = """
+import os, sys, time
+from elmo_jax import store
+finish = store.BucketShardWriter.finish_chunk
+def finish_chunk(self, *a, **k):
+    if len(self.markers) == 2 and not os.path.exists("go"):
+        open("paused", "w").close()
+        while not os.path.exists("go"):
+            time.sleep(0.05)
+    finish(self, *a, **k)
+store.BucketShardWriter.finish_chunk = finish_chunk
+from elmo_jax.cli import run_cli
+from elmo_jax.cli import embed
+run_cli(lambda: embed.main(sys.argv[1:]))
+"""
+
+
+def test_the_storage_service_gone_mid_corpus_job_is_one_line_and_the_rerun_resumes(
+        tmp_path, gcs):
+    """The corpus job into a gs:// store loses the service before chunk 2 is
+    written: one error line and status 2 once the writes have been tried for
+    ELMO_JAX_STORAGE_RETRY_SECONDS; once it is back, the same command resumes
+    the 2 chunks done and makes the local job's store."""
+    import storage_servers
+    from test_corpus import SETTINGS, WEIGHTS, corpus_lines
+
+    import elmo_jax
+    from elmo_jax.corpus import CorpusSettings, embed_corpus
+    from elmo_jax.store import open_embeddings
+
+    proxy = storage_servers.Proxy(gcs.port)
+    bucket = storage_servers.new_bucket("gs")
+    lines = corpus_lines()
+    (tmp_path / "c.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    options = elmo_jax.ElmoOptions.from_json(os.path.join(os.path.dirname(WEIGHTS),
+                                                          "options.json"))
+    local = str(tmp_path / "local-store")
+    embed_corpus(elmo_jax.load_weights(WEIGHTS, options), options, [str(tmp_path / "c.txt")],
+                 local, CorpusSettings(**SETTINGS))
+    out = f"{bucket}/store"
+    args = ["--input", str(tmp_path / "c.txt"), "--output", out, "--weights", WEIGHTS,
+            "--max_length", "16", "--chunk_lines", "5", "--batch_tokens", "64", "--no_progress"]
+    env = dict(os.environ, PYTHONPATH=REPO, ELMO_JAX_STORAGE_RETRY_SECONDS="2",
+               ELMO_JAX_CACHE=str(tmp_path / "cache"), **proxy.env(gcs))
+    job = subprocess.Popen([sys.executable, "-c", _PAUSED_BEFORE_CHUNK_2, *args], cwd=tmp_path,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while not (tmp_path / "paused").exists():
+        assert job.poll() is None, job.communicate()[1][-3000:]
+        assert time.time() - t0 < 300
+        time.sleep(0.05)
+    proxy.down()
+    (tmp_path / "go").touch()
+    _, err = job.communicate(timeout=300)
+    assert job.returncode == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "the storage service failed" in last, err[-3000:]
+    assert "run the same command again" in last
+    assert "Traceback" not in err, err[-3000:]
+    proxy.up()
+    r = subprocess.run([sys.executable, os.path.join(REPO, "embed.py"), *args], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["chunks_resumed"] == 2
+    store, reference = open_embeddings(out), open_embeddings(local)
+    assert len(store) == len(reference) == len(lines)
+    for i in range(len(lines)):
+        np.testing.assert_array_equal(store[i], reference[i])

@@ -338,3 +338,33 @@ def test_every_entry_names_its_sources_and_the_readme_table_is_the_command_s(tmp
     models.main(["--details", "manylangs-zht"])
     shown = capsys.readouterr().out
     assert "HIT-SCIR" in shown and "ELMoForManyLangs README.md" in shown and "inferred" in shown
+
+
+def test_a_cache_in_a_bucket_serves_hosts_that_share_no_disk(server, bucket, tmp_path,
+                                                            monkeypatch):
+    """ELMO_JAX_CACHE=gs://... (or s3://): the first host downloads and
+    uploads each verified file; a host with an empty disk takes the bucket's
+    copy (no request to the server), offline too; a copy in the bucket that is
+    not what its record says is fetched again from the source."""
+    from elmo_jax import paths
+
+    want = local_vectors(server.models)
+    monkeypatch.setenv("ELMO_JAX_CACHE", f"{bucket}/cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "host-0"))
+    assert hub.cache_dir() == str(tmp_path / "host-0" / "elmo-jax")
+    assert open_model("small").kind == "export" and len(server.requests) == 2
+    shared = f"{bucket}/cache/models/small"
+    assert {"weights.hdf5", "weights.hdf5.sha256", "options.json"} <= set(paths.listdir(shared))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "host-1"))
+    monkeypatch.setenv("ELMO_JAX_OFFLINE", "1")
+    got = Elmo.from_pretrained("small").embed_sentences(SENTENCES)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert len(server.requests) == 2
+    assert os.path.exists(tmp_path / "host-1" / "elmo-jax" / "models" / "small" / "weights.hdf5")
+    monkeypatch.delenv("ELMO_JAX_OFFLINE")
+    size = paths.size(f"{shared}/weights.hdf5")
+    paths.write_bytes(f"{shared}/weights.hdf5", b"\0" * size)  # same size, other bytes
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "host-2"))
+    got = Elmo.from_pretrained("small").embed_sentences(SENTENCES)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert server.requests[2:] == [server.path(SMALL.url("weights"))]

@@ -4,9 +4,7 @@ import os
 
 import pytest
 
-from elmo_jax import files, paths
-
-
+from elmo_jax import copies, errors, files, paths
 @pytest.mark.parametrize("bad, says", [
     ("hdfs://cluster/corpus/*.txt", "not hdfs://"),
     ("gs:/my-bucket/run", "two slashes"),
@@ -15,9 +13,9 @@ from elmo_jax import files, paths
     ("http://example.com/x.txt", "not http://"),
 ])
 def test_a_path_nobody_can_open_is_one_error_before_anything_is_touched(bad, says):
-    with pytest.raises(paths.PathError, match=says):
+    with pytest.raises(errors.PathError, match=says):
         paths.check(bad)
-    with pytest.raises(paths.PathError):
+    with pytest.raises(errors.PathError):
         files.write_text(bad, "x")
 
 
@@ -29,7 +27,7 @@ def test_a_local_path_is_as_before(tmp_path, monkeypatch):
         assert not paths.is_remote(local) and paths.check(local) == local
     files.write_text(tmp_path / "x.txt", "hello\n")
     assert paths.glob(str(tmp_path / "*.txt")) == [str(tmp_path / "x.txt")]
-    assert paths.local_copy(str(tmp_path / "x.txt")) == str(tmp_path / "x.txt")
+    assert copies.local_copy(str(tmp_path / "x.txt")) == str(tmp_path / "x.txt")
 
 
 def test_write_read_glob_and_list_in_a_bucket(bucket):
@@ -61,17 +59,101 @@ def test_a_local_copy_is_made_once_and_again_when_the_object_changes(bucket, tmp
     monkeypatch.setenv("ELMO_JAX_CACHE", str(tmp_path / "cache"))
     obj = paths.join(bucket, "vocab.txt")
     files.write_text(obj, "one\n")
-    first = paths.local_copy(obj)
+    first = copies.local_copy(obj)
     assert first.startswith(str(tmp_path / "cache")) and open(first).read() == "one\n"
-    assert paths.local_copy(obj) == first
+    assert copies.local_copy(obj) == first
     files.write_text(obj, "two\n")
-    second = paths.local_copy(obj)
+    second = copies.local_copy(obj)
     assert second != first and open(second).read() == "two\n"
 
 
 def test_a_bucket_that_does_not_exist_is_named(bucket):
     missing = bucket.split("://")[0] + "://no-such-bucket-elmo-jax/run"
-    with pytest.raises(paths.StorageError, match="bucket no-such-bucket-elmo-jax of .* does not exist"):
+    with pytest.raises(errors.StorageError, match="bucket no-such-bucket-elmo-jax of .* does not exist"):
         paths.exists(missing)
-    with pytest.raises(paths.StorageError, match="does not exist"):
+    with pytest.raises(errors.StorageError, match="does not exist"):
         paths.glob(missing + "/*.txt")
+
+
+# each refusal in a fresh process: fsspec keeps one client a process, made
+# with the endpoint and credentials of the environment it was made in
+_EACH_REFUSAL = """
+import json, sys
+from elmo_jax import errors, paths
+for path in sys.argv[1:]:
+    for what, call in (("read", lambda: paths.exists(path)),
+                       ("write", lambda: paths.write_bytes(path, b"x"))):
+        try:
+            call()
+            print(json.dumps([what, "ok"]))
+        except errors.StorageError as e:
+            print(json.dumps([what, str(e), e.transient]))
+"""
+
+
+def _refusals(env: dict, *objects: str) -> list:
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, ELMO_JAX_STORAGE_RETRY_SECONDS="0", **env)
+    r = subprocess.run([sys.executable, "-c", _EACH_REFUSAL, *objects], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("status, reason, message, says", [
+    (401, "required", "Anonymous caller does not have storage.objects.create access to the "
+     "Google Cloud Storage object.", "no credentials for gs://b-1/x: set "
+     "GOOGLE_APPLICATION_CREDENTIALS"),
+    (403, "forbidden", "elmo@p.iam.gserviceaccount.com does not have storage.objects.create "
+     "access", "no permission for gs://b-1/x .*give this machine's account access to the "
+     "bucket b-1"),
+    (403, "quotaExceeded", "The project has exceeded its storage quota.",
+     "the storage quota is exhausted .*exceeded its storage quota.*the same command goes on"),
+])
+def test_what_gcs_refuses_is_one_line_that_says_what_to_do(status, reason, message, says):
+    """GCS's refusals as GCS words them (a server on 127.0.0.1 answering each
+    request so): none is retried, each is one line naming what to do."""
+    import re
+
+    import storage_servers
+
+    server = storage_servers.RefusingGCS()
+    try:
+        server.answer(status, reason, message)
+        got = _refusals({"STORAGE_EMULATOR_HOST": server.url}, "gs://b-1/x")
+    finally:
+        server.close()
+    assert [g[0] for g in got] == ["read", "write"]
+    for _, line, transient in got:
+        assert re.search(says, line), line
+        assert transient is False
+
+
+def test_s3_without_credentials_with_refused_ones_and_without_permission():
+    """moto's S3 server checking credentials: none set, keys it does not
+    know, and a user who may read but not write, each one line."""
+    import storage_servers
+
+    server = storage_servers.S3WithAuth()
+    try:
+        reader = server.reader_env()
+        none = {k: "" for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+        none.update(AWS_ENDPOINT_URL=server.url, AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+                    AWS_CONFIG_FILE=os.devnull)
+        without = _refusals(none, "s3://locked/x")
+        refused = _refusals(dict(reader, AWS_ACCESS_KEY_ID="AKIAUNKNOWN"), "s3://locked/x")
+        readonly = _refusals(reader, "s3://locked/x")
+    finally:
+        server.close()
+    assert all("no credentials for s3://locked/x: set AWS_ACCESS_KEY_ID" in g[1]
+               for g in without), without
+    # S3 answers a HEAD (exists) with a bare 403: refused keys read as "no permission"
+    assert refused[0][1].startswith("no permission for s3://locked/x"), refused
+    assert refused[1][1].startswith("the credentials for s3://locked/x were refused (The AWS "
+                                    "Access Key Id you provided does not exist"), refused
+    assert readonly[0] == ["read", "ok"]
+    assert readonly[1][0] == "write" and readonly[1][1].startswith(
+        "no permission for s3://locked/x (Access Denied)"), readonly

@@ -100,6 +100,33 @@ def test_score_command_writes_one_line_per_input_line(trained, tmp_path):
     assert r.returncode == 2 and "has no softmax.hdf5" in r.stderr
 
 
+def test_score_reads_the_model_and_input_from_a_bucket_and_writes_its_output_there(
+        trained, tmp_path, gs_bucket):
+    """`score` with every path on gs://: the same lines as a local run's."""
+    from elmo_jax import paths
+
+    files, d = trained
+    (tmp_path / "in.txt").write_text("the dog sees the cat .\n\nthe cats see .\n")
+    for name in os.listdir(d / "export"):
+        paths.upload(str(d / "export" / name), f"{gs_bucket}/export/{name}")
+    paths.upload(str(tmp_path / "in.txt"), f"{gs_bucket}/in.txt")
+    runs = {"local": (str(d / "export"), str(tmp_path / "in.txt"), str(tmp_path / "out.jsonl")),
+            "bucket": (f"{gs_bucket}/export", f"{gs_bucket}/in.txt", f"{gs_bucket}/out.jsonl")}
+    for model, given, out in runs.values():
+        r = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "score", "--model",
+                            model, "--input", given, "--output", out], capture_output=True,
+                           text=True, cwd=tmp_path, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        assert r.returncode == 0, r.stderr[-3000:]
+    local = (tmp_path / "out.jsonl").read_text().splitlines()
+    remote = paths.read_text(f"{gs_bucket}/out.jsonl").splitlines()
+    assert len(local) == 3
+    for a, b in zip(local, remote):
+        a, b = json.loads(a), json.loads(b)
+        assert a.keys() == b.keys() and a["tokens"] == b["tokens"]
+        assert b["forward_logprob"] == pytest.approx(a["forward_logprob"], rel=1e-6)
+    assert not os.path.exists(tmp_path / "gs:")
+
+
 def test_every_form_of_a_stored_model_opens_the_same_and_builds_nothing_of_training(trained):
     """open_model: the workdir, its export folder and the export's weights file
     give the same model; opening the workdir and scoring from it (in a fresh

@@ -108,3 +108,24 @@ def test_the_tagger_trains_from_a_store_as_on_the_fly(fixture_model, tmp_path, m
     assert abs(stored["test_accuracy"] - on_the_fly["test_accuracy"]) <= 0.01, (stored,
                                                                                  on_the_fly)
     assert stored["mix_weights"] == pytest.approx(on_the_fly["mix_weights"], abs=0.01)
+
+
+def test_stored_features_and_the_result_line_go_to_a_bucket(fixture_model, tmp_path,
+                                                            gs_bucket):
+    """`--features gs://...` stores the splits' layers in the bucket as the
+    local folder holds them; `--out gs://...` gains one line per result."""
+    from elmo_jax import paths
+    from elmo_jax.cli import print_result
+
+    options, bilm = fixture_model
+    splits = {"train": tagged(12, 0), "test": tagged(5, 2)}
+    local = pos.features_for(splits, str(tmp_path / "features"), bilm, options)
+    remote = pos.features_for(splits, f"{gs_bucket}/features", bilm, options)
+    for name in splits:
+        assert len(remote[name]) == len(local[name])
+        for i in range(len(local[name])):
+            np.testing.assert_array_equal(remote[name][i], local[name][i])
+    for step in range(2):
+        print_result({"step": step}, f"{gs_bucket}/results.jsonl")
+    assert paths.read_text(f"{gs_bucket}/results.jsonl") == '{"step": 0}\n{"step": 1}\n'
+

@@ -29,7 +29,7 @@ def run_cli(main) -> None:
             raise
         for line in str(e).splitlines() or [""]:  # several faults: a line each
             print(f"error: {line}", file=sys.stderr)
-        from elmo_jax.paths import StorageError
+        from elmo_jax.errors import StorageError
 
         if isinstance(e, StorageError):
             # the storage stopped answering: the clients' background threads
@@ -69,8 +69,14 @@ def print_result(result: dict, out: str | None = None) -> None:
     """Print a result as one JSON line; with `out`, also append it there."""
     line = json.dumps(result)
     if out:
-        with open(out, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+        from elmo_jax import paths
+
+        if paths.is_remote(out):  # an object cannot be appended to: rewritten whole
+            before = paths.read_bytes(out) if paths.exists(out) else b""
+            paths.write_bytes(out, before + (line + "\n").encode())
+        else:
+            with open(out, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
     print(line)
 
 

@@ -195,13 +195,13 @@ def main(argv=None, prog: str = "embed.py"):
 def _parts_dir(hdf5_path: str) -> str:
     """The store an .hdf5 output is built in (beside it, or in the local cache
     for a file in a bucket; removed once written)."""
-    from elmo_jax import paths
+    from elmo_jax import copies, paths
 
     if paths.is_remote(hdf5_path):
         import hashlib
 
         key = hashlib.sha256(hdf5_path.encode()).hexdigest()[:24]
-        return os.path.join(paths.local_cache_root(), "parts", key)
+        return os.path.join(copies.local_cache_root(), "parts", key)
     head, tail = os.path.split(os.path.abspath(hdf5_path))
     return os.path.join(head, f".{tail}.parts")
 

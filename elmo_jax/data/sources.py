@@ -4,7 +4,7 @@ counted from files. Training reads them through `streams.TokenCorpus`.
 """
 from __future__ import annotations
 
-from elmo_jax import paths
+from elmo_jax import copies, paths
 from elmo_jax.files import split_lines
 from elmo_jax.vocab import Vocabulary, build_vocab, count_tokens
 
@@ -29,8 +29,8 @@ def read_sentences(path: str, keep_empty: bool = False) -> list[list[str]]:
     split on any Unicode whitespace, as bilm-tf's `str.split()` does. Blank
     lines are skipped unless `keep_empty` (then line i is sentence i, and a
     blank line is a sentence of no tokens). A file in a bucket is read from
-    its local copy (`paths.local_copy`: downloaded once, while unchanged)."""
-    with open(paths.local_copy(path), "rb") as fh:
+    its local copy (`copies.local_copy`: downloaded once, while unchanged)."""
+    with open(copies.local_copy(path), "rb") as fh:
         raw = fh.read()
     try:
         text = raw.decode("utf-8")

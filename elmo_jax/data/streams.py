@@ -51,7 +51,7 @@ import time
 
 import numpy as np
 
-from elmo_jax import paths
+from elmo_jax import copies, paths
 from elmo_jax.chars import BOW_CHAR, EOW_CHAR, PAD_CHAR, token_to_char_ids
 from elmo_jax.data.sources import DataError, list_shards, read_sentences
 from elmo_jax.files import write_json
@@ -130,7 +130,7 @@ class TokenCorpus:
         """Text shards (sentence per line, read as bilm-tf reads them), in
         sorted order."""
         files = list_shards(pattern)
-        paths.local_copies(files)  # a bucket's shards downloaded together, ahead of reading
+        copies.local_copies(files)  # a bucket's shards downloaded together, ahead of reading
         return cls.from_sentences((s for p in files for s in read_sentences(p)), files, what)
 
     def save(self, out_dir: str) -> dict:
@@ -178,7 +178,7 @@ def open_corpus(train_files: str) -> TokenCorpus:
     """A prepared folder (memory-mapped; one in a bucket from its local copy)
     or a glob of text shards (prepared in memory)."""
     if is_prepared(train_files):
-        return TokenCorpus.load(paths.local_copy_tree(train_files))
+        return TokenCorpus.load(copies.local_copy_tree(train_files))
     return TokenCorpus.from_files(train_files)
 
 

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from elmo_jax import paths
 from elmo_jax.chars import batch_to_char_ids, trim_padding
 from elmo_jax.cli import print_result, run_cli
 from elmo_jax.embedding import embed
@@ -328,7 +329,7 @@ def features_for(splits: dict, directory: str, bilm: dict, options: ElmoOptions,
 
     import hashlib
 
-    os.makedirs(directory, exist_ok=True)
+    paths.makedirs(directory)
     out = {}
     for name, data in splits.items():
         for tokens, _ in data:
@@ -337,12 +338,12 @@ def features_for(splits: dict, directory: str, bilm: dict, options: ElmoOptions,
         lines = "".join(" ".join(t) + "\n" for t, _ in data)
         # named by content: other sentences (another --max_train_sentences) get their own
         key = f"{name}-{hashlib.sha256(lines.encode()).hexdigest()[:12]}"
-        text = os.path.join(directory, f"{key}.txt")
-        if not os.path.exists(text):
+        text = paths.join(directory, f"{key}.txt")
+        if not paths.exists(text):
             write_text(text, lines)
-        embed_corpus(bilm, options, [text], os.path.join(directory, key), CorpusSettings(),
+        embed_corpus(bilm, options, [text], paths.join(directory, key), CorpusSettings(),
                      lexicon=lexicon, progress=progress)
-        out[name] = open_embeddings(os.path.join(directory, key))
+        out[name] = open_embeddings(paths.join(directory, key))
     return out
 
 
@@ -366,6 +367,9 @@ def main(argv=None):
                     "sentences are the same), and no epoch runs the biLM")
     ap.add_argument("--out", help="append the result as a JSON line to this file")
     args = ap.parse_args(argv)
+    for p in (args.features, args.out):
+        if p:
+            paths.check(p)  # a bad path is one line before the model is read
     model = open_model(args.weights)
     options, bilm = model.options, model.params
     config = TaggerConfig(mode=args.mode, hidden=args.hidden, epochs=args.epochs,

@@ -19,14 +19,13 @@ import collections
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 from typing import Any, Callable
 
 import jax
 
-from elmo_jax import checkpoints, paths
+from elmo_jax import checkpoints, errors, paths
 from elmo_jax import data as data_lib
 from elmo_jax.config import Config, ConfigError, check_paths, check_ranges, save_config
 from elmo_jax.hub import use_compilation_cache
@@ -291,7 +290,7 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source,
             return stopped_during_start_up(int(state.step), why, requests, log)
         return _loop(run, state, count, StopPolicy(config.train, requests), resume_step,
                      progress, log)
-    except (paths.StorageError, checkpoints.CheckpointError):
+    except (errors.StorageError, checkpoints.CheckpointError):
         storage_failed = True
         raise
     finally:

@@ -4,13 +4,12 @@ profile window, and the count of programs compiled since step 1."""
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 
 import jax
 
-from elmo_jax import paths
+from elmo_jax import copies, paths
 from elmo_jax.config import profile_window
 
 _COMPILED = [0]  # programs XLA compiled in this process (JAX's monitoring events)
@@ -160,7 +159,7 @@ class ProfileWindow:
     def before(self, step: int) -> None:
         """Called before `step` is dispatched."""
         if self.window and step == self.window[0] and not self.tracing:
-            self.mirror = paths.Mirror(self.folder)
+            self.mirror = copies.Mirror(self.folder)
             jax.profiler.start_trace(self.mirror.local)
             self.tracing = True
 

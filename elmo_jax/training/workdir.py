@@ -19,7 +19,7 @@ import os
 import jax
 import numpy as np
 
-from elmo_jax import checkpoints, paths
+from elmo_jax import checkpoints, copies, paths
 from elmo_jax import export as export_lib
 from elmo_jax.config import Config, save_config
 from elmo_jax.errors import UserError
@@ -197,7 +197,7 @@ class MetricsLog:
 
     In a bucket, where an object cannot be appended to, both are written in a
     local mirror and uploaded whole whenever the queue of records runs dry
-    (`paths.Mirror`): the bucket's metrics.jsonl is always whole, at most the
+    (`copies.Mirror`): the bucket's metrics.jsonl is always whole, at most the
     records of the last moments behind, which a resumed run trains again."""
 
     def __init__(self, workdir: str, purge_step: int | None = None):
@@ -228,7 +228,7 @@ class MetricsLog:
 
         writer = mirror = None
         try:
-            mirror = paths.Mirror(self.workdir, fetch=(METRICS_FILE,))
+            mirror = copies.Mirror(self.workdir, fetch=(METRICS_FILE,))
             while (record := self._queue.get()) is not None:
                 with open(os.path.join(mirror.local, METRICS_FILE), "a", encoding="utf-8") as fh:
                     fh.write(json.dumps(record) + "\n")

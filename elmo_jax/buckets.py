@@ -1,0 +1,191 @@
+"""The clients of remote storage behind `paths`: one fsspec file system per
+scheme (gcsfs for gs://, s3fs for s3://), the credentials they need, their
+exceptions as one `StorageError` line each, and the retries that outlast a
+transient outage of the service.
+
+Credentials are found as each client finds them (gs://: the service
+emulator's `STORAGE_EMULATOR_HOST`, `GOOGLE_APPLICATION_CREDENTIALS`,
+gcloud's application-default file, the metadata server of a Cloud VM; s3://:
+boto's `AWS_*` and files). gcsfs, finding none, asks the metadata server for
+about 15 s and then goes on anonymously, so that every request fails after
+its retries (a minute or more); elmo-jax asks the metadata server once, for
+at most `METADATA_TIMEOUT_S`, and says what to set instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+from elmo_jax.errors import PathError, StorageError, UserError
+
+# scheme -> (the fsspec protocol, the package that implements it, the extra)
+REMOTE = {"gs": ("gcs", "gcsfs", "gcs"), "s3": ("s3", "s3fs", "s3")}
+METADATA_TIMEOUT_S = 2.0
+
+
+def _scheme(path) -> str | None:
+    """"gs" or "s3" of a path that `paths.check` has passed, else None."""
+    text = os.fspath(path)
+    name = text.split("://", 1)[0].lower() if "://" in text else None
+    return name if name in REMOTE else None
+
+
+def filesystem(path):
+    """The fsspec file system of a bucket path (one per scheme and process)."""
+    name = _scheme(path)
+    protocol, package, extra = REMOTE[name]
+    try:
+        import fsspec
+
+        fsspec.get_filesystem_class(protocol)
+    except ImportError:
+        raise PathError(f"{path}: {name}:// paths need {package}: pip install "
+                        f"'elmo-jax[{extra}]'") from None
+    if name == "gs":
+        _check_google_credentials(path)
+    # no listing cache: other processes and hosts write the same prefixes
+    return fsspec.filesystem(protocol, use_listings_cache=False)
+
+
+_FOUND_CREDENTIALS: list[bool] = []
+
+
+def _check_google_credentials(path) -> None:
+    """A StorageError naming what to set when this machine has no Google
+    credentials: no emulator, key file, gcloud login or fsspec token, and no
+    metadata server answering within METADATA_TIMEOUT_S (asked once a
+    process)."""
+    if _FOUND_CREDENTIALS:
+        return
+    env = os.environ
+    gcloud = env.get("CLOUDSDK_CONFIG") or os.path.join(os.path.expanduser("~"), ".config",
+                                                        "gcloud")
+    if not (env.get("STORAGE_EMULATOR_HOST") or env.get("GOOGLE_APPLICATION_CREDENTIALS")
+            or env.get("FSSPEC_GCS_TOKEN")
+            or os.path.exists(os.path.join(gcloud, "application_default_credentials.json"))
+            or _metadata_server_answers()):
+        host = env.get("GCE_METADATA_HOST") or "metadata.google.internal"
+        raise StorageError(
+            f"no credentials for {path}: set GOOGLE_APPLICATION_CREDENTIALS to a service "
+            "account's key file, or run `gcloud auth application-default login`, or run on a "
+            f"Cloud VM whose service account has access (no metadata server answered at {host} "
+            f"within {METADATA_TIMEOUT_S:g} s); a public bucket reads with FSSPEC_GCS_TOKEN=anon")
+    _FOUND_CREDENTIALS.append(True)
+
+
+def _metadata_server_answers() -> bool:
+    """Whether a Cloud VM's metadata server answers (as google-auth asks it)."""
+    import urllib.request
+
+    if os.environ.get("NO_GCE_CHECK", "").lower() == "true":
+        return False
+    host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+    request = urllib.request.Request(f"http://{host}/computeMetadata/v1/",
+                                     headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=METADATA_TIMEOUT_S) as r:
+            return r.headers.get("Metadata-Flavor") == "Google"
+    except Exception:  # refused, unresolved, timed out, an HTTP error: not a Cloud VM's
+        return False
+
+
+def forget_listings(path) -> None:
+    """Drop what the file system of orbax's paths (etils' epath, over fsspec)
+    remembers of the bucket's listings: it keeps them for the process's life,
+    and another process (a run's other hosts, a rerun) may have written since."""
+    if _scheme(path) is None:
+        return
+    import fsspec
+
+    protocol = REMOTE[_scheme(path)][0]
+    kwargs = {"finalize_on_close": True} if protocol == "gcs" else {}
+    fsspec.filesystem(protocol, **kwargs).invalidate_cache()
+
+
+@contextlib.contextmanager
+def storage_errors(path):
+    """Turn a remote client's exceptions into one StorageError line."""
+    try:
+        yield
+    except (UserError, FileNotFoundError, FileExistsError, IsADirectoryError):
+        raise
+    except Exception as e:
+        raise storage_error(path, e) from None
+
+
+_CREDENTIALS = {"gs": "GOOGLE_APPLICATION_CREDENTIALS (a service account's key file), or run "
+                      "`gcloud auth application-default login`, or run on a Cloud VM whose "
+                      "service account has access",
+                "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or run "
+                      "on a machine whose role has access"}
+
+
+def storage_error(path, e: BaseException) -> StorageError:
+    """A client's exception as one line that says what to do. Only a failure
+    of the service (unreachable, 5xx, rate limited) is `transient`."""
+    text = f"{type(e).__name__}: {e}".lower()
+    name = _scheme(path) or "gs"
+    bucket = str(path).split("/")[2] if _scheme(path) else ""
+    said = first_line(e)
+    if any(k in text for k in ("quotaexceeded", "quota", "insufficient storage", " 507")):
+        why = (f"{path}: the storage quota is exhausted ({said}): raise the quota or free "
+               "space; nothing was lost, and the same command goes on from where it stopped")
+    elif any(k in text for k in ("anonymous caller", "nocredentials", "unable to locate "
+                                 "credentials", ", 401", " 401 ", "unauthenticated")):
+        why = f"no credentials for {path}: set {_CREDENTIALS[name]}"
+    elif any(k in text for k in ("invalidaccesskeyid", "signaturedoesnotmatch",
+                                 "invalidclienttokenid", "expiredtoken", "invalid_grant",
+                                 "invalid credentials", "invalid_token",
+                                 "access key id you provided")):
+        why = f"the credentials for {path} were refused ({said}): set {_CREDENTIALS[name]}"
+    elif isinstance(e, PermissionError) or any(k in text for k in (
+            "403", "forbidden", "access denied", "accessdenied", "permission")):
+        why = (f"no permission for {path} ({said}): give this machine's account access to "
+               f"the bucket {bucket}")
+    elif "nosuchbucket" in text or "bucket does not exist" in text or "no such bucket" in text:
+        why = f"the bucket {bucket} of {path} does not exist: create it, or check its name"
+    else:  # unreachable, a 5xx, rate limited (429, SlowDown): it may answer again
+        return StorageError(f"{path}: the storage service failed ({type(e).__name__}: "
+                            f"{said}); nothing was lost: run the same command again once it "
+                            "answers", transient=True)
+    return StorageError(why)
+
+
+def first_line(e: BaseException) -> str:
+    """The message of `e` on one line, at most 300 characters."""
+    text = " ".join(str(e).split())
+    return text[:300] if text else repr(e)
+
+
+RETRY_ENV = "ELMO_JAX_STORAGE_RETRY_SECONDS"
+RETRY_SECONDS = 300.0  # a bucket's transient outage outlasted by elmo-jax's writes
+
+
+def retry_seconds() -> float:
+    """How long a write to a bucket is tried again while the storage service
+    fails: $ELMO_JAX_STORAGE_RETRY_SECONDS, else 300 (beyond the clients' own
+    retries, which outlast a blip of seconds)."""
+    try:
+        return max(0.0, float(os.environ.get(RETRY_ENV, RETRY_SECONDS)))
+    except ValueError:
+        raise PathError(f"{RETRY_ENV} must be a number of seconds, got "
+                        f"{os.environ[RETRY_ENV]!r}") from None
+
+
+def retry(fn, path, *, seconds: float | None = None, first_wait: float = 1.0):
+    """`fn()`, tried again with backoff for up to `seconds` (default
+    `retry_seconds()`) while the storage service fails (a transient outage);
+    past that its StorageError, which says how long it was tried."""
+    seconds = retry_seconds() if seconds is None else seconds
+    deadline, wait = time.monotonic() + seconds, first_wait
+    while True:
+        try:
+            return fn()
+        except StorageError as e:
+            if not e.transient:
+                raise
+            if time.monotonic() + wait > deadline:
+                raise StorageError(f"{e} (tried for {seconds:g} s: {RETRY_ENV})") from None
+        time.sleep(wait)
+        wait = min(wait * 2, 30.0)
