@@ -142,16 +142,32 @@ def bench_corpus(bucket: str, mb: float, tmp: str) -> dict:
     return out
 
 
-def bench_store(bucket: str, lines: int, tmp: str) -> dict:
+def _store_model(name: str):
+    """(options, params): the bilm-tf fixture's, or a config's network with
+    random weights (`original`: the forward pass of the published model)."""
     import numpy as np
 
     import elmo_jax
+    from elmo_jax.weights import datasets_to_params, expected_shapes
+
+    if name == "fixture":
+        fixtures = os.path.join(REPO, "tests", "fixtures", "bilm-tf")
+        options = elmo_jax.ElmoOptions.from_json(os.path.join(fixtures, "options.json"))
+        return options, elmo_jax.load_weights(os.path.join(fixtures, "lm_weights.hdf5"),
+                                              options)
+    options = _common.load_config(name).model
+    rng = np.random.default_rng(0)
+    return options, datasets_to_params({k: (0.05 * rng.standard_normal(s)).astype(np.float32)
+                                        for k, s in expected_shapes(options).items()}, options)
+
+
+def bench_store(bucket: str, lines: int, tmp: str, model: str = "fixture") -> dict:
+    import numpy as np
+
     from elmo_jax.corpus import CorpusSettings, embed_corpus
     from elmo_jax.store import local_store, open_embeddings
 
-    fixtures = os.path.join(REPO, "tests", "fixtures", "bilm-tf")
-    options = elmo_jax.ElmoOptions.from_json(os.path.join(fixtures, "options.json"))
-    params = elmo_jax.load_weights(os.path.join(fixtures, "lm_weights.hdf5"), options)
+    options, params = _store_model(model)
     sys.path.insert(0, os.path.join(REPO, "tests"))
     from conftest import grammar_sentences
 
@@ -159,8 +175,8 @@ def bench_store(bucket: str, lines: int, tmp: str) -> dict:
     with open(text, "w") as fh:
         fh.write("\n".join(" ".join(s) for s in grammar_sentences(lines, 3)) + "\n")
     settings = CorpusSettings(chunk_lines=256)
-    out = {"lines": lines}
-    stores = {"local": os.path.join(tmp, "store"), "bucket": f"{bucket}/store"}
+    out = {"lines": lines, "model": model}
+    stores = {"local": os.path.join(tmp, f"store-{model}"), "bucket": f"{bucket}/store-{model}"}
     for name, where in stores.items():
         summary = embed_corpus(params, options, [text], where, settings)
         out[name] = {"tokens_per_s": summary["tokens_per_sec"], "seconds": summary["seconds"]}
@@ -186,6 +202,11 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--corpus-mb", type=float, default=50)
     ap.add_argument("--lines", type=int, default=2000)
+    ap.add_argument("--store-models", default="fixture",
+                    help="the corpus job's networks: fixture (bilm-tf's tiny one) and/or a "
+                         "config's with random weights (original)")
+    ap.add_argument("--only", choices=("checkpoint", "corpus", "store"), action="append",
+                    help="run only these parts (default: all)")
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
     _common.run_as_the_commands()
@@ -195,11 +216,16 @@ def main(argv=None) -> None:
     try:
         bucket = storage_servers.new_bucket("gs")
         where = {"local": os.path.join(tmp, "work"), "bucket": f"{bucket}/work"}
-        result = {"machine": _common.machine(),
-                  "checkpoint": [bench_checkpoint(c, where, args.repeats)
-                                 for c in args.configs.split(",")],
-                  "corpus": bench_corpus(bucket, args.corpus_mb, tmp),
-                  "store": bench_store(bucket, args.lines, tmp)}
+        parts = args.only or ("checkpoint", "corpus", "store")
+        result = {"machine": _common.machine()}
+        if "checkpoint" in parts:
+            result["checkpoint"] = [bench_checkpoint(c, where, args.repeats)
+                                    for c in args.configs.split(",")]
+        if "corpus" in parts:
+            result["corpus"] = bench_corpus(bucket, args.corpus_mb, tmp)
+        if "store" in parts:
+            result["store"] = [bench_store(bucket, args.lines, tmp, m)
+                               for m in args.store_models.split(",")]
     finally:
         server.close()
         shutil.rmtree(tmp, ignore_errors=True)

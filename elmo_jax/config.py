@@ -22,6 +22,7 @@ from typing import Sequence
 
 import jax.numpy as jnp
 
+from elmo_jax.errors import UserError
 from elmo_jax.files import read_json, write_json
 from elmo_jax.options import ElmoOptions, OptionsError
 
@@ -29,7 +30,7 @@ SECTIONS = ("description", "model", "train", "data")
 SOFTMAX_INITS = ("unigram", "bilm-tf")  # how the softmax biases start (steps.init_softmax)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config file or override that cannot describe a run; names the field."""
 
 

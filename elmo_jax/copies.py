@@ -17,6 +17,7 @@ import shutil
 import tempfile
 
 from elmo_jax import buckets, paths
+from elmo_jax.errors import MissingFile
 
 
 def local_cache_root() -> str:
@@ -72,7 +73,7 @@ def local_copy_tree(path) -> str:
         found = fs.find(path, detail=True)
     if not found:
         paths.bucket_checked(path, False)
-        raise FileNotFoundError(f"no files under {path}")
+        raise MissingFile(f"no files under {path}")
     root = path.split("://", 1)[1].rstrip("/") + "/"
     entries = sorted((p[len(root):], f"{info.get('size')}-{info.get('generation') or info.get('ETag')}")
                      for p, info in found.items() if p.startswith(root))

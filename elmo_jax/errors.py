@@ -1,6 +1,10 @@
 """The exceptions elmo-jax raises on purpose: every one is an `ElmoJaxError`,
 and a `UserError` is a mistake of the user's (a path, a setting, a file) that
-the commands print as one line, without a traceback."""
+the commands print as one line, without a traceback. Each module's own error
+(`ConfigError`, `WeightsError`, ...) is a `UserError` and keeps the builtin
+base it always had (ValueError, OSError, ...), so `except ValueError` in a
+caller's code still catches it. Anything else raised is a bug and keeps its
+traceback."""
 
 
 class ElmoJaxError(Exception):
@@ -10,6 +14,11 @@ class ElmoJaxError(Exception):
 class UserError(ElmoJaxError):
     """The user's mistake or the world's (a bad path, a missing bucket): the
     message says what is wrong and what to do."""
+
+
+class MissingFile(UserError, FileNotFoundError):
+    """A file or folder the user named (or that a command needs) is not there;
+    the message says which and how to make it."""
 
 
 class PathError(UserError, ValueError):

@@ -23,6 +23,7 @@ import warnings
 from typing import NamedTuple
 
 from elmo_jax import copies, paths
+from elmo_jax.errors import MissingFile
 from elmo_jax.lexicon import LEXICON_FILE, Lexicon, LexiconError
 from elmo_jax.options import ElmoOptions
 from elmo_jax.vocab import VocabError, Vocabulary
@@ -88,7 +89,7 @@ def export_files(path: str | os.PathLike, options: str | os.PathLike | None = No
             os.path.dirname(os.path.abspath(path)), OPTIONS_FILE)
     for what, p in (("options file", options_path), ("weight file", weights)):
         if not os.path.exists(p):
-            raise FileNotFoundError(f"{what} not found: {p} (an export folder holds "
+            raise MissingFile(f"{what} not found: {p} (an export folder holds "
                                     f"{OPTIONS_FILE} and {WEIGHTS_FILE}; an NLPL model "
                                     f"{OPTIONS_FILE} and {NLPL_WEIGHTS_FILE})")
     return options_path, weights
@@ -99,7 +100,7 @@ def export_lexicon(opts: ElmoOptions, options_path: str, folder: str) -> Lexicon
     if opts.char_cnn.spelling != "lexicon":
         return None
     if not os.path.exists(os.path.join(folder, LEXICON_FILE)):
-        raise FileNotFoundError(f"{options_path} spells tokens with a lexicon, and "
+        raise MissingFile(f"{options_path} spells tokens with a lexicon, and "
                                 f"{os.path.join(folder, LEXICON_FILE)} is missing")
     lexicon = Lexicon.load(folder)
     if (lexicon.n_characters, lexicon.n_words) != (opts.char_cnn.n_characters,

@@ -10,6 +10,7 @@ import os
 import tempfile
 
 from elmo_jax import paths
+from elmo_jax.errors import MissingFile
 
 
 def split_lines(text: str) -> list[str]:
@@ -28,9 +29,25 @@ def split_lines(text: str) -> list[str]:
 
 
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """The process's umask, read without setting it: setting it to read it
+    (os.umask's only way) gives a file that another thread creates meanwhile
+    (orbax's, the metrics writer's) the mode 0666. Linux states it in
+    /proc/self/status; elsewhere it is read once, at the first call."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    if not _UMASK_READ:
+        mask = os.umask(0o077)  # the safe way round for anything created meanwhile
+        os.umask(mask)
+        _UMASK_READ.append(mask)
+    return _UMASK_READ[0]
+
+
+_UMASK_READ: list[int] = []
 
 
 @contextlib.contextmanager
@@ -56,6 +73,24 @@ def atomic_path(path: str | os.PathLike):
         raise
 
 
+def create_exclusively(path: str, text: str) -> bool:
+    """Write `text` as the new local file `path`, whole, unless a file is
+    there already (then False): a temporary file beside it is linked into
+    place, and a link, unlike a rename, fails where a file is."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+
+
 @contextlib.contextmanager
 def _remote_atomic_path(path: str):
     fd, tmp = tempfile.mkstemp(prefix=f".{paths.basename(path)}.", suffix=".tmp")
@@ -73,6 +108,17 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         fh.write(text)
 
 
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append `line` and a newline to the text file `path` (made if missing);
+    an object in a bucket, which cannot be appended to, is rewritten whole."""
+    if paths.is_remote(path):
+        before = paths.read_bytes(path) if paths.exists(path) else b""
+        paths.write_bytes(path, before + (line + "\n").encode())
+        return
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+
+
 def write_json(path: str | os.PathLike, obj) -> None:
     write_text(path, json.dumps(obj, indent=2) + "\n")
 
@@ -83,6 +129,6 @@ def read_json(path: str | os.PathLike, what: str, error: type[Exception] = Value
         with paths.open(path, "rb") as fh:
             return json.loads(fh.read().decode("utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{what} not found: {path}") from None
+        raise MissingFile(f"{what} not found: {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{path}: not valid JSON ({e})") from None

@@ -59,6 +59,7 @@ import urllib.request
 import zipfile
 
 from elmo_jax import copies, paths
+from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.files import write_json
 from elmo_jax.registry import REGISTRY, File, Published
 
@@ -67,7 +68,7 @@ _CHUNK = 1 << 20
 TIMEOUT_S = 60
 
 
-class DownloadError(OSError):
+class DownloadError(UserError, OSError):
     """A model that could not be fetched or used; names the URL and what to do."""
 
 
@@ -166,9 +167,9 @@ def resolve(model: str | os.PathLike, options: str | os.PathLike | None = None,
         if isinstance(model, str) and os.sep not in path and not path.startswith("."):
             close = [n for n in REGISTRY if n.split("-")[-1] == path.split("-")[-1]][:3]
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise FileNotFoundError(f"{path!r} is neither a file, a folder, a URL nor a "
+            raise MissingFile(f"{path!r} is neither a file, a folder, a URL nor a "
                                     f"model name{hint}; `elmo-jax models` lists the names")
-        raise FileNotFoundError(f"model not found: {path}")
+        raise MissingFile(f"model not found: {path}")
     if os.path.isfile(path) and is_archive(path):
         st = os.stat(path)
         key = _key(os.path.abspath(path), st.st_size, st.st_mtime_ns)
@@ -192,7 +193,7 @@ def _remote_model(path: str, options) -> tuple[str, str | None]:
             return path, options
         return copies.local_copy_tree(path), options
     if not paths.exists(path):
-        raise FileNotFoundError(f"model not found: {path}")
+        raise MissingFile(f"model not found: {path}")
     local = copies.local_copy(path)
     if is_archive(local):
         return resolve(local, options)
@@ -202,7 +203,7 @@ def _remote_model(path: str, options) -> tuple[str, str | None]:
     return local, options
 
 
-class UnsupportedModel(ValueError):
+class UnsupportedModel(UserError, ValueError):
     """A published model of another architecture than ELMo's LSTM biLM."""
 
 

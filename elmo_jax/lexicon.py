@@ -29,6 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from elmo_jax import paths
+from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.files import read_json, write_json
 
 PAD, BOW, EOW, OOV, BOS, EOS = 1, 2, 3, 4, 5, 6
@@ -38,7 +39,7 @@ FIRST_WORD = 5
 LEXICON_FILE = "lexicon.json"
 
 
-class LexiconError(ValueError):
+class LexiconError(UserError, ValueError):
     """A dictionary that cannot spell tokens; names the file and the entry."""
 
 
@@ -140,7 +141,7 @@ def read_dic(path: str) -> dict[str, int]:
     (lines split as Python's `splitlines`; a line of one field is the
     ideographic space U+3000, which `strip()` took away)."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"dictionary not found: {path}")
+        raise MissingFile(f"dictionary not found: {path}")
     with open(path, encoding="utf-8", errors="strict") as fh:
         try:
             text = fh.read()

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from elmo_jax.errors import MissingFile
 from elmo_jax.kernels import FORGET_BIAS
 from elmo_jax.lexicon import Lexicon, LexiconError, from_manylangs, read_dic
 from elmo_jax.options import CharCNNOptions, ElmoOptions, LSTMOptions, OptionsError
@@ -84,7 +85,7 @@ def architecture(folder: str) -> dict:
                     raise OptionsError(f"{candidate}: not valid JSON ({e})") from None
     if os.path.basename(name) in RELEASED_CONFIG_NAMES:
         return RELEASED_CONFIG
-    raise FileNotFoundError(f"{folder}: config.json names the architecture {name!r}, which is "
+    raise MissingFile(f"{folder}: config.json names the architecture {name!r}, which is "
                             "neither there nor in the folder")
 
 

@@ -19,6 +19,7 @@ import json
 import os
 import warnings
 
+from elmo_jax.errors import UserError
 from elmo_jax.files import read_json, write_json
 
 # The character-row rule, here and nowhere else: bilm-tf trains with 261
@@ -34,7 +35,7 @@ _N_CHARACTERS_ALLOWED = (TRAINING_CHARACTERS, INFERENCE_CHARACTERS)
 _ACTIVATIONS = ("relu", "tanh")
 
 
-class OptionsError(ValueError):
+class OptionsError(UserError, ValueError):
     """An options.json that cannot describe a biLM; the message names the field."""
 
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.chars import batch_to_char_ids, trim_padding
+from elmo_jax.errors import MissingFile
 from elmo_jax.shapes import bucket
 from elmo_jax.model import BiLM, LSTMState, init_state
 from elmo_jax.options import ElmoOptions
@@ -108,7 +109,7 @@ def load_language_model(path: str) -> tuple[ElmoOptions, dict, dict, Vocabulary]
         raise ValueError(f"{path} spells tokens with a lexicon (ELMoForManyLangs); scoring "
                          "reads models that spell UTF-8 bytes")
     if model.softmax is None:
-        raise FileNotFoundError(f"{path} has no {SOFTMAX_FILE} and vocab.txt: scoring needs the "
+        raise MissingFile(f"{path} has no {SOFTMAX_FILE} and vocab.txt: scoring needs the "
                                 "softmax (exports from `train.py export` have it; bilm-tf's "
                                 "dumped weights do not)")
     return model.options, model.params, model.softmax, model.vocab

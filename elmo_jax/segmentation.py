@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from elmo_jax.errors import UserError
+
 LANGS = ("en", "zh")
 
 
-class SegmentationError(RuntimeError):
+class SegmentationError(UserError, RuntimeError):
     """A tokeniser that cannot run here (a missing package); says what to install."""
 
 

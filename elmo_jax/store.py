@@ -42,8 +42,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from elmo_jax import copies, errors, paths
-from elmo_jax.errors import UserError
-from elmo_jax.files import read_json, write_json
+from elmo_jax.errors import MissingFile, UserError
+from elmo_jax.files import create_exclusively, read_json, write_json
 
 FORMAT = "elmo-jax-store/1"
 SPEC_FILE = "store.json"
@@ -118,22 +118,34 @@ def claim(directory: str, spec: StoreSpec) -> None:
     paths.makedirs(directory)
     path = paths.join(directory, SPEC_FILE)
     if paths.exists(path):
-        old = read_json(path, "store spec", StoreError)
-        diff = spec_differences(old, spec.to_dict())
-        if diff:
-            raise StoreError(f"{directory} holds a store made differently ("
-                             + "; ".join(diff) + "): give another --output, or remove it "
-                             "to start over")
-        return
-    if paths.listdir(directory):
+        return _same_spec(directory, path, spec)
+    # another worker's spec being written (its temporary file) is not "not empty"
+    if [n for n in paths.listdir(directory) if not _is_spec_temporary(n)]:
         raise StoreError(f"{directory} is not empty and holds no {SPEC_FILE}: give an empty "
                          "or new folder as --output")
     try:
-        write_json(path, spec.to_dict())
+        if paths.is_remote(directory):  # workers of one job upload the same object
+            write_json(path, spec.to_dict())
+        elif not create_exclusively(path, json.dumps(spec.to_dict(), indent=2) + "\n"):
+            return _same_spec(directory, path, spec)  # another worker's came first
     except errors.StorageError:
         raise
     except OSError as e:
         raise StoreError(f"cannot write {path}: {e.strerror}") from None
+
+
+def _same_spec(directory: str, path: str, spec: StoreSpec) -> None:
+    old = read_json(path, "store spec", StoreError)
+    diff = spec_differences(old, spec.to_dict())
+    if diff:
+        raise StoreError(f"{directory} holds a store made differently ("
+                         + "; ".join(diff) + "): give another --output, or remove it "
+                         "to start over")
+
+
+def _is_spec_temporary(name: str) -> bool:
+    return name.startswith(f".{SPEC_FILE}.") and name.endswith(".tmp")
+
 
 
 def shard_dir(directory: str, shard: int, num_shards: int) -> str:
@@ -187,6 +199,7 @@ class ShardWriter:
         self.dir = shard_dir(directory, shard, num_shards)
         self.shard, self.num_shards, self.row_bytes = shard, num_shards, row_bytes
         os.makedirs(self.dir, exist_ok=True)
+        self._lock = _take_shard(self.dir, shard, num_shards)
         for tmp in glob.glob(os.path.join(self.dir, ".*.tmp")):
             os.unlink(tmp)
         self.markers = read_markers(directory, shard, num_shards)
@@ -269,6 +282,49 @@ class ShardWriter:
                 fh.close()
             except OSError:
                 pass
+        if self._lock is not None:
+            os.unlink(os.path.join(self.dir, LOCK_FILE))  # while still held: see _take_shard
+            self._lock.close()
+            self._lock = None
+
+
+LOCK_FILE = ".writer.lock"
+
+
+def _take_shard(folder: str, shard: int, num_shards: int):
+    """Lock shard `folder` for this process (an exclusive `flock`, which the
+    system lets go when the process dies, kill -9 included); a StoreError
+    naming the holder if another worker has it. Returns the open lock file.
+    The file is removed by its holder before it lets go, so a worker that
+    locked a removed file tries again on the new one."""
+    import fcntl
+    import socket
+
+    path = os.path.join(folder, LOCK_FILE)
+    while True:
+        fh = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another worker"
+            fh.close()
+            raise StoreError(f"shard {shard} of {num_shards} of {os.path.dirname(folder)} is "
+                             f"being written by {holder}: give each worker its own --shard "
+                             "(or --distributed); once that worker ends, or is killed, this "
+                             "command takes the shard over where it stopped") from None
+        try:
+            same = os.fstat(fh.fileno()).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        fh.close()  # its holder removed it as we locked it: lock the new one
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    fh.flush()
+    return fh
 
 
 class BucketShardWriter:
@@ -338,7 +394,7 @@ class EmbeddingStore:
         self.dir = directory
         path = os.path.join(directory, SPEC_FILE)
         if not os.path.exists(path):
-            raise FileNotFoundError(f"no embedding store at {directory} (no {SPEC_FILE})")
+            raise MissingFile(f"no embedding store at {directory} (no {SPEC_FILE})")
         self.spec = read_json(path, "store spec", StoreError)
         if self.spec.get("format") != FORMAT:
             raise StoreError(f"{path}: format {self.spec.get('format')!r}, expected {FORMAT!r}")
@@ -476,7 +532,7 @@ def local_store(directory: str, progress: bool = True) -> str:
     copy is as large as the store: it says so when it makes one."""
     spec_path = paths.join(directory, SPEC_FILE)
     if not paths.exists(spec_path):
-        raise FileNotFoundError(f"no embedding store at {directory} (no {SPEC_FILE})")
+        raise MissingFile(f"no embedding store at {directory} (no {SPEC_FILE})")
     spec = read_json(spec_path, "store spec", StoreError)
     n = spec["num_shards"]
     listings = [set(paths.listdir(shard_dir(directory, s, n))) for s in range(n)]

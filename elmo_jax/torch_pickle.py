@@ -25,6 +25,8 @@ import zipfile
 
 import numpy as np
 
+from elmo_jax.errors import MissingFile, UserError
+
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 _STORAGE_DTYPES = {
@@ -35,7 +37,7 @@ _STORAGE_DTYPES = {
 }
 
 
-class TorchPickleError(ValueError):
+class TorchPickleError(UserError, ValueError):
     """A file that is not a torch state dict this reader can take; names the file."""
 
 
@@ -84,7 +86,7 @@ def load_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """{name: numpy array} of a `torch.save`d state dict, either format."""
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"torch file not found: {path}")
+        raise MissingFile(f"torch file not found: {path}")
     try:
         if zipfile.is_zipfile(path):
             obj, storages = _load_zip(path)

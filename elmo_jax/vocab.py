@@ -15,13 +15,14 @@ from typing import Iterable
 import numpy as np
 
 from elmo_jax import copies, paths
+from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.files import split_lines, write_text
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 SPECIALS = (BOS, EOS, UNK)
 
 
-class VocabError(ValueError):
+class VocabError(UserError, ValueError):
     """A vocabulary file that bilm-tf could not train with."""
 
 
@@ -61,7 +62,7 @@ class Vocabulary:
     def from_file(cls, path: str | os.PathLike) -> "Vocabulary":
         path = paths.check(path)
         if not paths.exists(path):
-            raise FileNotFoundError(f"vocabulary file not found: {path} (build one with "
+            raise MissingFile(f"vocabulary file not found: {path} (build one with "
                                     "`python train.py vocab --train_files GLOB --out PATH`)")
         words = read_word_list(path)
         if not words:
@@ -79,7 +80,7 @@ def read_word_list(path: str | os.PathLike) -> list[str]:
     """The words of a one-word-a-line file (any vocabulary file; no checks on
     special tokens), for caching token vectors."""
     if not paths.exists(path):
-        raise FileNotFoundError(f"word list not found: {path}")
+        raise MissingFile(f"word list not found: {path}")
     shown, path = path, copies.local_copy(path)
     opener = gzip.open if os.fspath(path).endswith(".gz") else open  # NLPL's vocab.txt.gz
     with opener(path, "rt", encoding="utf-8", newline="") as fh:  # lines end at "\n" only

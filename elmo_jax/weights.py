@@ -33,6 +33,7 @@ from collections.abc import Mapping
 import h5py
 import numpy as np
 
+from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.files import atomic_path
 from elmo_jax.options import ElmoOptions
 
@@ -40,7 +41,7 @@ from elmo_jax.options import ElmoOptions
 _GATE_PERM = (0, 2, 1, 3)
 
 
-class WeightsError(ValueError):
+class WeightsError(UserError, ValueError):
     """A weight file that does not match its options; names the dataset."""
 
 
@@ -165,7 +166,7 @@ def read_datasets(path: str | os.PathLike, options: ElmoOptions) -> dict[str, np
 
 def _open(path: str, what: str) -> h5py.File:
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{what} not found: {path}")
+        raise MissingFile(f"{what} not found: {path}")
     try:
         return h5py.File(path, "r")
     except OSError as e:

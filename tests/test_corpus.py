@@ -350,3 +350,81 @@ def test_a_real_full_disk_exits_with_an_error_and_the_rerun_continues(corpus, re
         same_store(str(disk / "s"), reference_store)
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+_HOLDS_SHARD_0 = """
+import os, sys, time
+from elmo_jax import store
+finish = store.ShardWriter.finish_chunk
+def finish_chunk(self, *a, **k):
+    finish(self, *a, **k)
+    if len(self.markers) == 1:  # one chunk done: hold the shard until killed
+        open(sys.argv[1], "w").close()
+        time.sleep(600)
+store.ShardWriter.finish_chunk = finish_chunk
+from elmo_jax.cli import embed
+embed.main(sys.argv[2:])
+"""
+
+
+def test_a_shard_is_written_by_one_worker_at_a_time(model, corpus, reference_store,
+                                                   tmp_path):
+    """A second worker given the same shard while the first writes it is
+    refused, naming the first; after the first is killed (kill -9) it takes
+    the shard over, resumes its chunk, and the store is the reference's."""
+    import signal
+    import time
+
+    options, params = model
+    out, held = str(tmp_path / "s"), str(tmp_path / "held")
+    args = ["--input", str(corpus["dir"] / "*.txt"), "--output", out, "--weights", WEIGHTS,
+            "--max_length", "16", "--chunk_lines", "5", "--batch_tokens", "64",
+            "--no_progress"]
+    first = subprocess.Popen([sys.executable, "-c", _HOLDS_SHARD_0, held, *args],
+                             env=dict(os.environ, PYTHONPATH=REPO), stderr=subprocess.PIPE,
+                             text=True)
+    t0 = time.time()
+    while not os.path.exists(held):
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        assert time.time() - t0 < 120
+        time.sleep(0.05)
+    try:
+        with pytest.raises(StoreError, match=rf"shard 0 of 1 of .* is being written by pid "
+                           rf"{first.pid} on .*once that worker ends, or is killed"):
+            embed_corpus(params, options, corpus["files"], out, CorpusSettings(**SETTINGS))
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate()
+    summary = embed_corpus(params, options, corpus["files"], out, CorpusSettings(**SETTINGS))
+    assert summary["chunks_resumed"] == 1
+    same_store(out, reference_store)
+    assert LOCK not in os.listdir(store_lib.shard_dir(out, 0, 1))
+
+
+LOCK = store_lib.LOCK_FILE
+
+
+def test_workers_starting_together_share_one_spec_and_never_overwrite_it(model, corpus,
+                                                                        tmp_path, monkeypatch):
+    """The first worker's spec half-written (its temporary file there) is not
+    "a folder that is not empty" to the second; and a spec written by another
+    worker between the check and the write is compared, never replaced."""
+    from elmo_jax import files
+
+    options, params = model
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / f".{store_lib.SPEC_FILE}.abc123.tmp").write_text("{")  # worker 1, mid-write
+    embed_corpus(params, options, corpus["files"][:1], str(out), CorpusSettings(**SETTINGS))
+    other = tmp_path / "t"
+    other.mkdir()
+    real = files.create_exclusively
+
+    def another_worker_first(path, text):  # a spec of other settings lands first
+        real(path, text.replace('"chunk_lines": 5', '"chunk_lines": 7'))
+        return real(path, text)
+
+    monkeypatch.setattr(store_lib, "create_exclusively", another_worker_first)
+    with pytest.raises(StoreError, match="holds a store made differently.*chunk_lines: 7 -> 5"):
+        embed_corpus(params, options, corpus["files"][:1], str(other), CorpusSettings(**SETTINGS))
+    assert '"chunk_lines": 7' in (other / store_lib.SPEC_FILE).read_text()

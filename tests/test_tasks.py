@@ -1,5 +1,6 @@
 """Downstream tasks on small data made here: the tagger (embed inside its jitted
 step, the biLM frozen or fine-tuned) and the word-sense probe."""
+import json
 import os
 
 import jax
@@ -115,7 +116,7 @@ def test_stored_features_and_the_result_line_go_to_a_bucket(fixture_model, tmp_p
     """`--features gs://...` stores the splits' layers in the bucket as the
     local folder holds them; `--out gs://...` gains one line per result."""
     from elmo_jax import paths
-    from elmo_jax.cli import print_result
+    from elmo_jax.files import append_line
 
     options, bilm = fixture_model
     splits = {"train": tagged(12, 0), "test": tagged(5, 2)}
@@ -126,6 +127,6 @@ def test_stored_features_and_the_result_line_go_to_a_bucket(fixture_model, tmp_p
         for i in range(len(local[name])):
             np.testing.assert_array_equal(remote[name][i], local[name][i])
     for step in range(2):
-        print_result({"step": step}, f"{gs_bucket}/results.jsonl")
+        append_line(f"{gs_bucket}/results.jsonl", json.dumps({"step": step}))
     assert paths.read_text(f"{gs_bucket}/results.jsonl") == '{"step": 0}\n{"step": 1}\n'
 

@@ -155,3 +155,39 @@ def test_written_files_follow_the_umask(tmp_path):
                  tmp_path / "export" / "options.json"):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o644, path
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_reading_the_umask_never_changes_it_for_other_threads(tmp_path):
+    """Files created by other threads while elmo-jax reads the umask (on each
+    whole-file write) get the umask's mode: reading it used to set it to 0
+    for a moment, and a file created then was world-writable (0666: two
+    threads creating files for 2 s met it every time here)."""
+    import threading
+    import time
+
+    from elmo_jax import files
+
+    old = os.umask(0o022)
+    stop, modes = threading.Event(), set()
+
+    def create(name):
+        path = str(tmp_path / name)
+        while not stop.is_set():
+            fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o666)
+            modes.add(stat.S_IMODE(os.fstat(fd).st_mode))
+            os.close(fd)
+            os.unlink(path)
+    threads = [threading.Thread(target=create, args=(f"f{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2:
+            for _ in range(1000):
+                assert files._umask() == 0o022
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        os.umask(old)
+    assert modes == {0o644}, sorted(map(oct, modes))

@@ -13,24 +13,22 @@ from elmo_jax.huge_pages import reexec_with_huge_pages
 def run_cli(main) -> None:
     """Run `main()` in a process with huge pages for XLA's buffers (huge_pages.py:
     set before JAX is imported, which this module does not do); a user error
-    prints `error: ...` and exits with status 2. The error classes are looked
-    up only when something is raised: `--help`, and the parent of a run of
-    several processes (`supervise`), never import jax."""
+    (`errors.UserError`) prints `error: ...` and exits with status 2; any other
+    exception is a bug and keeps its traceback. `--help`, and the parent of a
+    run of several processes (`supervise`), never import jax."""
     reexec_with_huge_pages()
     import logging
 
     # gcsfs logs each request it gives up on with a traceback; the command's
     # error line says what failed and what to do
     logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+    from elmo_jax.errors import StorageError, UserError
+
     try:
         sys.exit(main())
-    except Exception as e:
-        if not isinstance(e, user_errors()):
-            raise
+    except UserError as e:
         for line in str(e).splitlines() or [""]:  # several faults: a line each
             print(f"error: {line}", file=sys.stderr)
-        from elmo_jax.errors import StorageError
-
         if isinstance(e, StorageError):
             # the storage stopped answering: the clients' background threads
             # (orbax's, TensorStore's) would go on retrying, and logging each
@@ -41,42 +39,13 @@ def run_cli(main) -> None:
         sys.exit(2)
 
 
-def user_errors() -> tuple[type[Exception], ...]:
-    """The exceptions that are a user's mistake (a one-line error, status 2)."""
-    from elmo_jax.checkpoints import CheckpointError
-    from elmo_jax.config import ConfigError
-    from elmo_jax.data import DataError
-    from elmo_jax.datasets.common import RecipeError
-    from elmo_jax.errors import UserError
-    from elmo_jax.hub import DownloadError, UnsupportedModel
-    from elmo_jax.lexicon import LexiconError
-    from elmo_jax.options import OptionsError
-    from elmo_jax.segmentation import SegmentationError
-    from elmo_jax.store import StoreError
-    from elmo_jax.torch_pickle import TorchPickleError
-    from elmo_jax.training import TrainingError
-    from elmo_jax.training.targets import TargetError
-    from elmo_jax.vocab import VocabError
-    from elmo_jax.weights import WeightsError
-
-    return (ConfigError, DataError, OptionsError, RecipeError, VocabError, WeightsError,
-            TrainingError, TargetError, CheckpointError, FileNotFoundError, UnicodeError,
-            DownloadError, LexiconError, SegmentationError, TorchPickleError, StoreError,
-            UnsupportedModel, UserError)
-
-
 def print_result(result: dict, out: str | None = None) -> None:
     """Print a result as one JSON line; with `out`, also append it there."""
     line = json.dumps(result)
     if out:
-        from elmo_jax import paths
+        from elmo_jax.files import append_line
 
-        if paths.is_remote(out):  # an object cannot be appended to: rewritten whole
-            before = paths.read_bytes(out) if paths.exists(out) else b""
-            paths.write_bytes(out, before + (line + "\n").encode())
-        else:
-            with open(out, "a", encoding="utf-8") as fh:
-                fh.write(line + "\n")
+        append_line(out, line)
     print(line)
 
 

@@ -13,8 +13,7 @@ import subprocess
 import sys
 import time
 
-PEERS_FILE_ENV = "ELMO_JAX_PEERS_FILE"  # where the child's watcher says whom it last heard
-FINISHED_SUFFIX = ".finished"  # PEERS_FILE + this: every process got to the end
+from elmo_jax.supervision import FINISHED_SUFFIX, PEERS_FILE_ENV
 
 
 def supervise(argv: list[str], who: str) -> int:

@@ -5,11 +5,12 @@ counted from files. Training reads them through `streams.TokenCorpus`.
 from __future__ import annotations
 
 from elmo_jax import copies, paths
+from elmo_jax.errors import UserError
 from elmo_jax.files import split_lines
 from elmo_jax.vocab import Vocabulary, build_vocab, count_tokens
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Input text that cannot be trained on; names the file (and line)."""
 
 

@@ -18,10 +18,11 @@ import tarfile
 import tempfile
 import zipfile
 
+from elmo_jax.errors import UserError
 from elmo_jax.files import split_lines
 
 
-class RecipeError(RuntimeError):
+class RecipeError(UserError, RuntimeError):
     """A recipe cannot run here; the message says what to install or do."""
 
 

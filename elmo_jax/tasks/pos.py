@@ -38,8 +38,9 @@ import optax
 
 from elmo_jax import paths
 from elmo_jax.chars import batch_to_char_ids, trim_padding
-from elmo_jax.cli import print_result, run_cli
 from elmo_jax.embedding import embed
+from elmo_jax.errors import MissingFile
+from elmo_jax.files import append_line
 from elmo_jax.modules import ElmoEmbedder, init_variables
 from elmo_jax.options import ElmoOptions
 from elmo_jax.shapes import bucket
@@ -66,7 +67,7 @@ def load_split(pos_dir: str, split: str) -> list[tuple[list[str], list[str]]]:
     """(tokens, universal tags) of each sentence of a `brown` recipe split."""
     path = os.path.join(pos_dir, f"{split}.jsonl")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} is missing: run `python -m elmo_jax.datasets brown`")
+        raise MissingFile(f"{path} is missing: run `python -m elmo_jax.datasets brown`")
     with open(path, encoding="utf-8") as fh:
         return [(r["tokens"], r["upos"]) for r in map(json.loads, fh)]
 
@@ -387,8 +388,13 @@ def main(argv=None):
                                                             progress=True,
                                                             lexicon=model.lexicon,
                                                             features=features)}
-    print_result(result, args.out)
+    line = json.dumps(result)
+    if args.out:
+        append_line(args.out, line)
+    print(line)
 
 
 if __name__ == "__main__":
+    from elmo_jax.cli import run_cli
+
     run_cli(main)

@@ -24,13 +24,14 @@ if __name__ == "__main__":  # huge pages, set before JAX loads (elmo_jax/huge_pa
 
 import numpy as np
 
-from elmo_jax.cli import print_result, run_cli
 from elmo_jax.elmo import Elmo
+from elmo_jax.errors import MissingFile
+from elmo_jax.files import append_line
 
 
 def load_examples(path: str) -> list[dict]:
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} is missing: run `python -m elmo_jax.datasets wordnet`")
+        raise MissingFile(f"{path} is missing: run `python -m elmo_jax.datasets wordnet`")
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh]
 
@@ -88,8 +89,13 @@ def main(argv=None):
     args = ap.parse_args(argv)
     elmo = Elmo.from_export(args.weights)
     result = {"weights": args.weights, **probe(elmo, load_examples(args.examples))}
-    print_result(result, args.out)
+    line = json.dumps(result)
+    if args.out:
+        append_line(args.out, line)
+    print(line)
 
 
 if __name__ == "__main__":
+    from elmo_jax.cli import run_cli
+
     run_cli(main)

@@ -42,7 +42,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from elmo_jax import paths
-from elmo_jax.cli.supervise import FINISHED_SUFFIX, PEERS_FILE_ENV
+from elmo_jax.supervision import FINISHED_SUFFIX, PEERS_FILE_ENV
 from elmo_jax.files import write_text
 
 KEY = "elmo_jax/failed/"
@@ -219,7 +219,7 @@ def failures_stop_every_process():
     """Around a multi-process run (nothing happens in a single process): watch
     for the others' failures; on an exception here, tell them and leave with
     status 2, the message first (and the traceback, unless it is a user's
-    mistake: `cli.user_errors`)."""
+    mistake: an `errors.UserError`)."""
     if jax.process_count() == 1:
         yield
         return
@@ -242,10 +242,10 @@ def failures_stop_every_process():
         if jax.process_index() == 0:  # keep the store up until the others have read it
             time.sleep(3 * POLL_SECONDS)
         finished.set()
-        from elmo_jax.cli import user_errors  # a user's mistake: its line, as alone
+        from elmo_jax.errors import UserError  # a user's mistake: its line, as alone
 
         _leave(f"{_who()}: {message}",
-               "" if isinstance(e, user_errors()) else traceback.format_exc())
+               "" if isinstance(e, UserError) else traceback.format_exc())
     finally:
         finished.set()
 

@@ -17,6 +17,8 @@ import importlib.util
 import os
 import site
 
+from elmo_jax.errors import UserError
+
 
 @dataclasses.dataclass(frozen=True)
 class Target:
@@ -122,7 +124,7 @@ _COMPILE_ONLY_ENV = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v5litep
                      "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 
-class TargetError(ValueError):
+class TargetError(UserError, ValueError):
     """A target that is not named here or whose compiler is not installed."""
 
 
