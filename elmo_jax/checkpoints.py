@@ -22,7 +22,6 @@ TrainState) still resume and still open.
 """
 from __future__ import annotations
 
-import logging
 import os
 
 import jax
@@ -35,15 +34,7 @@ from elmo_jax.errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
 
-# orbax's replica-parallel save has each replica write a slice of an array,
-# cut by slicing programs it compiles at the first save: in a run of several
-# processes that is programs compiled mid-run (18 in the tiny model). Every
-# array is written by its first replica instead, as in a single process.
-_absl = logging.getLogger("absl")
-_level, _ = _absl.level, _absl.setLevel(logging.ERROR)  # its "overriding" warning: meant
-ocp.type_handlers.register_type_handler(
-    jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
-_absl.setLevel(_level)
+
 LEGACY_STATE_ITEM = "state"  # the layout before params/ and train/ (2026-11)
 TRAIN_FIELDS = ("step", "opt_state", "lstm_state", "rng")
 
@@ -74,35 +65,17 @@ def manager(workdir: str, max_to_keep: int = 3,
     backend is not the CPU."""
     if asynchronous is None:
         asynchronous = jax.default_backend() != "cpu"
+    from elmo_jax.private_apis import first_replica_checkpoint_handler
+
     buckets.forget_listings(workdir)
+    # every array written by its first replica: no slicing programs compiled mid-run
+    arrays = {name: first_replica_checkpoint_handler()
+              for name in ("params", "train", "cursors", LEGACY_STATE_ITEM)}
     return ocp.CheckpointManager(
         checkpoint_dir(workdir),
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                             enable_async_checkpointing=asynchronous))
-
-
-ORBAX_WRITTEN_FOR = "0.12"  # the orbax whose TensorStore defaults bound_storage_retries sets
-
-
-def bound_storage_retries(seconds: float) -> None:
-    """Bound how long TensorStore retries a bucket request in orbax's saves
-    and restores, to about `seconds` (its default is 32 tries with up to 32 s
-    between them: a quarter of an hour blocked in a save while GCS is down).
-    A change of the process's orbax, so the launcher's (train.py) to make, once;
-    orbax has no argument for it: this sets its module's default TensorStore
-    contexts, checked against the orbax it was written for."""
-    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
-
-    if not ocp.__version__.startswith(ORBAX_WRITTEN_FOR):
-        raise RuntimeError(f"bound_storage_retries was written for orbax {ORBAX_WRITTEN_FOR}, "
-                           f"this is {ocp.__version__}: check its TensorStore contexts")
-    delays, delay = [], 1.0
-    while sum(delays) < seconds and len(delays) < 32:
-        delays.append(delay)
-        delay = min(delay * 2, 8.0)
-    retries = {"max_retries": max(1, len(delays)), "initial_delay": "1s", "max_delay": "8s"}
-    for context in (ts_utils._BASE_TS_CONTEXT, ts_utils._DEFAULT_OCDBT_TS_CONTEXT):
-        context["gcs_request_retries"] = dict(retries)
+                                             enable_async_checkpointing=asynchronous),
+        item_handlers={**arrays, "data": ocp.JsonCheckpointHandler()})
 
 
 def save(mngr: ocp.CheckpointManager, state, data: dict) -> None:

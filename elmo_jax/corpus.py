@@ -420,9 +420,6 @@ def _run(params, options, files, settings, shard, num_shards, lexicon, devices, 
          row_shape, progress, spec) -> dict:
     from tqdm import tqdm
 
-    from elmo_jax.hub import use_compilation_cache
-
-    use_compilation_cache()
     row_multiple = int(np.lcm(8, len(devices)))
     shapes = batch_shapes(settings.batch_tokens, settings.max_length, row_multiple,
                           settings.max_rows)

@@ -1,9 +1,10 @@
 """`embed`: character ids -> the ELMo layer stack, plus the learned scalar mix.
 
 `embed` is a pure function of (params, char_ids[, state][, mix]); the options
-are static. It is jitted with `options` and `mix_layer_norm` static, and works
-under `jax.grad`, `jax.vmap` and a sharded `jax.jit` (no Python control flow
-on data). The notebook wrapper is `elmo.Elmo`; the hdf5 dump `dump.py`.
+are static. It runs a program jitted with the options' network and
+`mix_layer_norm` static (one program for every options file of one network),
+and works under `jax.grad`, `jax.vmap` and a sharded `jax.jit` (no Python
+control flow on data). The notebook wrapper is `elmo.Elmo`; the hdf5 dump `dump.py`.
 """
 from __future__ import annotations
 
@@ -71,14 +72,28 @@ def scalar_mix(layers: jax.Array, mask: jax.Array, mix: dict, layer_norm: bool =
 _STATIC = ("options", "mix_layer_norm", "unroll", "dtype", "segments")
 
 
-@functools.partial(jax.jit, static_argnames=("options",))
+# The jitted programs are keyed on the network alone (`ElmoOptions.network`)
+# and a canonical dtype: two options files of one network that differ in a
+# training field (batch_size, n_epochs, ...) share one compiled program, and
+# so do dtype="bfloat16" and jnp.bfloat16. The public functions below say so;
+# `_encode_tokens`, `_embed` and `_embed_token_vectors` are what they run.
+
+
 def encode_tokens(params: dict, char_ids: jax.Array, options: ElmoOptions) -> jax.Array:
     """[..., C] char ids -> [..., P] context-independent token vectors (the
     char CNN, highway layers and projection: half of layer 0)."""
+    return _encode_tokens(params, char_ids, options.network())
+
+
+@functools.partial(jax.jit, static_argnames=("options",))
+def _encode_tokens(params: dict, char_ids: jax.Array, options: ElmoOptions) -> jax.Array:
     return BiLM(options).apply({"params": params}, char_ids, method=BiLM.encode_tokens)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
+def _canonical(options: ElmoOptions, dtype) -> tuple:
+    return options.network(), jnp.dtype(dtype)
+
+
 def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
           state: LSTMState | None = None, mix: dict | None = None, *,
           mix_layer_norm: bool = False, unroll: int = 1, dtype=jnp.float32,
@@ -98,6 +113,16 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
     unroll, dtype, segments: speed knobs: `lax.scan` unroll, the matmul input
               dtype (bf16 on accelerators; cell state and gates stay float32), and a
               packed schedule for rows sorted by length (see `embed_token_vectors`)."""
+    options, dtype = _canonical(options, dtype)
+    return _embed(params, char_ids, options, state, mix, mix_layer_norm=mix_layer_norm,
+                  unroll=unroll, dtype=dtype, segments=segments)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
+           state: LSTMState | None = None, mix: dict | None = None, *,
+           mix_layer_norm: bool = False, unroll: int = 1, dtype=jnp.float32,
+           segments: tuple | None = None) -> EmbedOutput:
     if char_ids.ndim != 3:
         raise ValueError(f"char_ids must be [batch, tokens, chars], got shape {char_ids.shape}")
     C, widest = options.char_cnn.max_characters_per_token, options.char_cnn.widest_filter
@@ -112,13 +137,12 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
                          f"widest filter, {widest})")
     if not jnp.issubdtype(char_ids.dtype, jnp.integer):
         raise TypeError(f"char_ids must be integers, got {char_ids.dtype}")
-    tokens = encode_tokens(params, char_ids.astype(jnp.int32), options)
-    return embed_token_vectors(params, tokens, token_mask(char_ids), options, state, mix,
-                               mix_layer_norm=mix_layer_norm, unroll=unroll, dtype=dtype,
-                               segments=segments)
+    tokens = _encode_tokens(params, char_ids.astype(jnp.int32), options)
+    return _embed_token_vectors(params, tokens, token_mask(char_ids), options, state, mix,
+                                mix_layer_norm=mix_layer_norm, unroll=unroll, dtype=dtype,
+                                segments=segments)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC)
 def embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array, options: ElmoOptions,
                         state: LSTMState | None = None, mix: dict | None = None, *,
                         mix_layer_norm: bool = False, unroll: int = 1,
@@ -128,6 +152,18 @@ def embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array, option
 
     segments: `model.packed_segments(lengths + 2)` for rows sorted by length,
               longest first: the LSTMs then skip most padding (as AllenNLP does)."""
+    options, dtype = _canonical(options, dtype)
+    return _embed_token_vectors(params, tokens, mask, options, state, mix,
+                                mix_layer_norm=mix_layer_norm, unroll=unroll, dtype=dtype,
+                                segments=segments)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array,
+                         options: ElmoOptions, state: LSTMState | None = None,
+                         mix: dict | None = None, *, mix_layer_norm: bool = False,
+                         unroll: int = 1, dtype=jnp.float32,
+                         segments: tuple | None = None) -> EmbedOutput:
     if tokens.ndim != 3 or tokens.shape[-1] != options.lstm.projection_dim:
         raise ValueError(f"tokens must be [batch, tokens, {options.lstm.projection_dim}], "
                          f"got shape {tokens.shape}")

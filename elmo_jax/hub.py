@@ -83,46 +83,6 @@ def shared_cache() -> str | None:
     return paths.check(root).rstrip("/") if root and paths.is_remote(root) else None
 
 
-def use_compilation_cache() -> None:
-    """JAX's persistent compilation cache in `cache_dir()/xla`, unless the user
-    chose one: a restarted run (training, a corpus job) reaches its first step
-    without compiling again, and training and embedding share it."""
-    import jax
-
-    _one_cache_key_for_every_process()
-    chosen = os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir
-    if chosen:
-        paths.check(chosen)  # a bucket is fine (JAX writes it through etils' epath)
-        return
-    shared = shared_cache()
-    jax.config.update("jax_compilation_cache_dir",
-                      paths.join(shared, "xla") if shared else os.path.join(cache_dir(), "xla"))
-
-
-def _one_cache_key_for_every_process() -> None:
-    """JAX writes cache entries from process 0 only, for every process to
-    read; but on CPU its key hashes a topology fingerprint that differs from
-    process to process, so every other process missed and compiled every
-    program on every start. There, the key hashes the devices instead (their
-    kinds, ids and processes: the same on every process); TPU and GPU keys are
-    left as they are (their fingerprints are the slice's)."""
-    from jax._src import cache_key
-
-    original = getattr(cache_key, "_hash_accelerator_config", None)
-    if original is None or getattr(original, "elmo_jax", False):  # another JAX, or done
-        return
-
-    def accelerator_config(hash_obj, accelerators):
-        devices = list(accelerators.flat)
-        if not devices or devices[0].platform != "cpu":
-            return original(hash_obj, accelerators)
-        for d in devices:
-            hash_obj.update(f"{d.device_kind}:{d.id}:{d.process_index};".encode())
-
-    accelerator_config.elmo_jax = True
-    cache_key._hash_accelerator_config = accelerator_config
-
-
 def offline() -> bool:
     return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
                for v in ("ELMO_JAX_OFFLINE", "HF_HUB_OFFLINE"))

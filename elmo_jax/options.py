@@ -184,6 +184,12 @@ class ElmoOptions:
         return self.replace(char_cnn=dataclasses.replace(self.char_cnn,
                                                          n_characters=INFERENCE_CHARACTERS))
 
+    def network(self) -> "ElmoOptions":
+        """The network alone: its LSTM and character CNN as an inference file
+        states them (n_characters 262), every training field at its default.
+        The jit key of `embed` (two files of one network share one program)."""
+        return ElmoOptions(lstm=self.lstm, char_cnn=self.for_inference().char_cnn)
+
     def same_model(self, other: "ElmoOptions") -> bool:
         """True when both describe the same network (n_characters 261 and 262 are
         the same table; training fields do not matter)."""

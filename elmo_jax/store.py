@@ -33,9 +33,9 @@ import dataclasses
 import errno
 import glob
 import json
+import logging
 import os
 import shutil
-import sys
 import tempfile
 from typing import Iterator, Sequence
 
@@ -549,7 +549,8 @@ def local_store(directory: str, progress: bool = True) -> str:
     if os.path.exists(os.path.join(dest, SPEC_FILE)):
         return dest
     if progress:
-        print(f"copying the store {directory} into the local cache {dest}", file=sys.stderr)
+        logging.getLogger(__name__).info(f"copying the store {directory} into the local "
+                                         f"cache {dest}")
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".assembling.", dir=os.path.dirname(dest))
     try:

@@ -104,7 +104,8 @@ def test_wrapper_matches_embed_and_keeps_order(model):
 
 
 def test_wrapper_buckets_lengths_so_new_inputs_rarely_compile(model):
-    from elmo_jax.embedding import embed_token_vectors, encode_tokens
+    from elmo_jax.embedding import _embed_token_vectors as embed_token_vectors
+    from elmo_jax.embedding import _encode_tokens as encode_tokens
 
     _, options, _, params = model
     elmo = elmo_jax.Elmo(params, options, pack=False)
@@ -119,7 +120,7 @@ def test_wrapper_buckets_lengths_so_new_inputs_rarely_compile(model):
 
 
 def test_packed_wrapper_compiles_a_few_schedules_for_a_corpus(model):
-    from elmo_jax.embedding import embed_token_vectors
+    from elmo_jax.embedding import _embed_token_vectors as embed_token_vectors
 
     _, options, _, params = model
     rng = np.random.default_rng(0)
@@ -225,3 +226,34 @@ def test_packed_lstm_equals_unpacked(model):
     np.testing.assert_allclose(np.asarray(packed.state.c), np.asarray(plain.state.c), atol=1e-5)
     with pytest.raises(ValueError, match="sorted by length"):
         packed_segments([3, 5])
+
+
+def test_two_options_files_of_one_network_share_one_compiled_embed(model, tmp_path):
+    """The jit key is the network (and a canonical dtype), not bilm-tf's
+    training fields: options that differ in batch_size, n_epochs, dropout
+    and n_characters 261/262 compile `embed` once, as do dtype "bfloat16" and
+    jnp.bfloat16; options.json still round-trips field for field."""
+    import dataclasses
+    import json
+
+    from elmo_jax import embedding
+
+    _, options, _, params = model
+    other = options.replace(batch_size=options.batch_size + 1, n_epochs=3, dropout=0.3,
+                            n_train_tokens=12345, char_cnn=dataclasses.replace(
+                                options.char_cnn, n_characters=261))
+    ids = jnp.asarray(elmo_jax.batch_to_char_ids([["a", "b"], ["c"]]))
+    compiled = lambda: embedding._embed._cache_size()  # noqa: E731
+    a = elmo_jax.embed(params, ids, options, dtype=jnp.bfloat16)
+    before = compiled()
+    b = elmo_jax.embed(params, ids, other, dtype="bfloat16")
+    assert compiled() == before
+    np.testing.assert_array_equal(np.asarray(a.layers), np.asarray(b.layers))
+    elmo_jax.embed(params, ids, options.replace(lstm=dataclasses.replace(
+        options.lstm, cell_clip=(options.lstm.cell_clip or 1.0) * 2)))
+    assert compiled() == before + 1  # another network: its own program
+    path = tmp_path / "options.json"
+    other.to_json(path)
+    assert json.loads(path.read_text()) == other.to_dict()
+    assert elmo_jax.ElmoOptions.from_json(path) == other
+

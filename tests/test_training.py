@@ -5,6 +5,7 @@ import dataclasses
 import glob
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -393,10 +394,11 @@ def test_checkpoints_of_the_earlier_layout_still_open_and_resume(tmp_path):
     assert os.path.isdir(old / "checkpoints" / "4" / "params")  # saved in today's layout
 
 
-def test_a_batch_that_makes_the_loss_non_finite_is_passed_over(tmp_path, monkeypatch, capsys):
+def test_a_batch_that_makes_the_loss_non_finite_is_passed_over(tmp_path, monkeypatch, caplog):
     """One sentence of the corpus holds a word whose batch poisons the step
     (its loss and parameters become NaN, as an overflow's would): the run goes
     back to its last checkpoint, past that batch, and on to its end."""
+    caplog.set_level(logging.INFO, logger="elmo_jax")
     from elmo_jax.training import loop
 
     files = write_grammar_corpus(tmp_path / "data")
@@ -431,7 +433,7 @@ def test_a_batch_that_makes_the_loss_non_finite_is_passed_over(tmp_path, monkeyp
             seen[m["step"]].append(m["train_loss"])
     for s in range(events[0]["back_to_step"] + 1, events[0]["step"]):  # replayed exactly
         assert len(seen[s]) == 2 and seen[s][0] == pytest.approx(seen[s][1], rel=1e-6), s
-    assert "going back to step" in capsys.readouterr().err
+    assert any("going back to step" in r.getMessage() for r in caplog.records)
     kept = elmo_jax.open_model(str(work))
     assert kept.step == 20
     assert all(bool(np.isfinite(x).all()) for x in jax.tree.leaves((kept.params, kept.softmax)))
@@ -474,7 +476,8 @@ def test_n_tokens_vocab_that_contradicts_the_vocabulary_is_refused(tmp_path):
         run(config, files["train.txt"], files["vocab.txt"], tmp_path / "run")
 
 
-def test_a_time_limited_run_shows_its_total_and_eta(tmp_path, capsys):
+def test_a_time_limited_run_shows_its_total_and_eta(tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="elmo_jax")
     files = write_grammar_corpus(tmp_path / "data")
     config = tiny(max_seconds=4, log_every=5)
     config = config.replace(data=DataConfig(train_files=files["train.txt"],
@@ -482,7 +485,7 @@ def test_a_time_limited_run_shows_its_total_and_eta(tmp_path, capsys):
     last = training.train_and_evaluate(config, str(tmp_path / "run"), progress=True)
     err = capsys.readouterr().err
     assert re.search(r"\|\s*4/4s \[\d\d:\d\d<00:00, .*step=\d+", err), err[-500:]
-    assert "time limit" in err
+    assert any("time limit" in r.getMessage() for r in caplog.records)
     assert last["step"] >= 1 and "train_loss" in last  # the last step is logged
 
 

@@ -22,6 +22,7 @@ def run_cli(main) -> None:
     # gcsfs logs each request it gives up on with a traceback; the command's
     # error line says what failed and what to do
     logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+    report_library_messages()
     from elmo_jax.errors import StorageError, UserError
 
     try:
@@ -37,6 +38,26 @@ def run_cli(main) -> None:
             sys.stderr.flush()
             os._exit(2)
         sys.exit(2)
+
+
+def report_library_messages() -> None:
+    """The library's reports (the `elmo_jax` loggers, INFO and up) as plain
+    lines on stderr, written beside a progress bar without breaking it."""
+    import logging
+
+    class Lines(logging.Handler):
+        def emit(self, record):
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stderr)
+
+    root = logging.getLogger("elmo_jax")
+    if not any(getattr(h, "elmo_jax_lines", False) for h in root.handlers):
+        handler = Lines()
+        handler.elmo_jax_lines = True
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
 
 
 def print_result(result: dict, out: str | None = None) -> None:

@@ -173,6 +173,9 @@ def main(argv=None, prog: str = "embed.py"):
     else:
         shard, num_shards = jax.process_index(), jax.process_count()
     directory = _parts_dir(args.output) if to_hdf5 else args.output
+    from elmo_jax.cli.process import use_compilation_cache
+
+    use_compilation_cache()
     guard = contextlib.nullcontext()
     if jax.process_count() > 1:  # one process's error ends every process (pod.py)
         from elmo_jax.training.pod import failures_stop_every_process

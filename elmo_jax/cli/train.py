@@ -112,10 +112,14 @@ def _train(argv, prog):
     if args.per_device_batch is not None:
         overrides.append(f"model.batch_size={args.per_device_batch * jax.device_count()}")
     config = load_config(args.config, args.set + overrides)
-    from elmo_jax import buckets, checkpoints, paths
+    from elmo_jax import buckets, paths
 
+    from elmo_jax import private_apis
+    from elmo_jax.cli.process import use_compilation_cache
+
+    use_compilation_cache()
     if paths.is_remote(args.workdir):  # a save waits out a bucket's outage this long at most
-        checkpoints.bound_storage_retries(buckets.retry_seconds())
+        private_apis.bound_storage_retries(buckets.retry_seconds())
     last = train_and_evaluate(config, args.workdir, progress=not args.no_progress)
     print(json.dumps(last))
     if several:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import logging
 import math
-import sys
 import time
 from typing import Any, Callable
 
@@ -28,7 +28,6 @@ import jax
 from elmo_jax import checkpoints, errors, paths
 from elmo_jax import data as data_lib
 from elmo_jax.config import Config, ConfigError, check_paths, check_ranges, save_config
-from elmo_jax.hub import use_compilation_cache
 from elmo_jax.options import ElmoOptions
 from elmo_jax.stored import CONFIG_FILE, StoredModel, read_run
 from elmo_jax.training.evaluation import check_eval_batch, evaluate, warm_evaluation
@@ -45,6 +44,8 @@ from elmo_jax.training.workdir import (MetricsLog, TrainingError, flat_settings,
                                        run_lexicon, restore_checkpoint, save_checkpoint,
                                        settings_on_resume, write_run)
 from elmo_jax.vocab import Vocabulary
+
+logger = logging.getLogger(__name__)
 
 
 def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bool
@@ -78,8 +79,8 @@ def _resolve_model(config: Config, workdir: str, vocab: Vocabulary, resuming: bo
     elif config.data.init_from:
         pretrained = load_pretrained(config.data.init_from, vocab)
         if not pretrained.options.same_model(model):
-            print(f"--init_from: using the pretrained model's architecture from "
-                  f"{config.data.init_from}", file=sys.stderr)
+            logger.info(f"--init_from: using the pretrained model's architecture from "
+                        f"{config.data.init_from}")
         model = model.replace(lstm=pretrained.options.lstm, char_cnn=pretrained.options.char_cnn)
     return config.replace(model=model.replace(n_tokens_vocab=len(vocab))), {}, pretrained
 
@@ -230,7 +231,6 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source,
     vocab = Vocabulary.from_file(config.data.vocab_file)
     config = segmented(config)
     paths.makedirs(workdir)
-    use_compilation_cache()
     mngr = checkpoints.manager(workdir, config.train.max_to_keep, config.train.async_checkpoints)
     resume_step = mngr.latest_step()
     agree_on_the_workdir(workdir, resume_step)
@@ -247,10 +247,10 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source,
     if config.data.eval_files:
         warm_evaluation(built.abstract_state.params, config.model, config.train, mesh)
     if jax.process_index() == 0 and programs:
-        print(f"compiled {programs} train program(s) for token tables of "
-              f"{' or '.join(map(str, batcher.shapes.rows))} rows and "
-              f"{' or '.join(map(str, batcher.shapes.widths))} characters in "
-              f"{time.time() - t0:.1f} s", file=sys.stderr)
+        logger.info(f"compiled {programs} train program(s) for token tables of "
+                    f"{' or '.join(map(str, batcher.shapes.rows))} rows and "
+                    f"{' or '.join(map(str, batcher.shapes.widths))} characters in "
+                    f"{time.time() - t0:.1f} s")
 
     def rewind(step: int | None):
         """(the state of checkpoint `step` (None: the run's start), the batches
@@ -268,11 +268,10 @@ def _train_and_evaluate(config: Config, workdir: str, progress: bool, source,
     if resume_step is not None:
         state, count = rewind(resume_step)
         if jax.process_index() == 0:
-            print(f"resuming from the checkpoint of step {resume_step}", file=sys.stderr)
+            logger.info(f"resuming from the checkpoint of step {resume_step}")
         if changed and jax.process_index() == 0:  # once the checkpoint has been read
-            print("resuming with changed settings: " + ", ".join(
-                f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in changed.items()),
-                file=sys.stderr)
+            logger.info("resuming with changed settings: " + ", ".join(
+                f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, (a, b) in changed.items()))
             save_config(config, paths.join(workdir, CONFIG_FILE))
     else:
         state, count = rewind(None)

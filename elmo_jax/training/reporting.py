@@ -3,6 +3,7 @@ numbers read only on log, save and evaluation steps), the progress bar, the
 profile window, and the count of programs compiled since step 1."""
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
@@ -42,10 +43,9 @@ class CompileCount:
 
 
 def say(message: str) -> None:
-    """A line on stderr that leaves the progress bar whole."""
-    from tqdm import tqdm
-
-    tqdm.write(message, file=sys.stderr)
+    """Report `message` through the `elmo_jax.training` logger (the commands
+    print it on stderr, leaving the progress bar whole: `cli.run_cli`)."""
+    logging.getLogger("elmo_jax.training").info(message)
 
 
 class MetricsWindow:
