@@ -165,7 +165,7 @@ def main():
     export_dir = os.path.join(args.workdir, "export")
     training.export(os.path.join(args.workdir, "run"), export_dir)
     print("wrote", ", ".join(sorted(glob.glob(os.path.join(export_dir, "*")))))
-    elmo = Elmo.from_export(export_dir)
+    elmo = Elmo.from_pretrained(export_dir)
     layers = elmo.embed_sentences([q.split() for q in QUERIES[:2]])
     print(f"embedded 2 sentences: shapes {[a.shape for a in layers]} (layers, tokens, dim)")
     neighbours(elmo, rec, Vocabulary.from_file(vocab_file).words[:20000])

@@ -141,7 +141,7 @@ def main():
         say(cmd)
 
         def run_probe(m=m, name=name, cmd=cmd):
-            elmo = Elmo.from_export(m["export"])
+            elmo = Elmo.from_pretrained(m["export"])
             return {"model": name, "command": cmd,
                     **wsd.probe(elmo, wsd.load_examples(rec["wordnet"]["examples_file"]))}
 

@@ -11,7 +11,7 @@ or, inside your own jitted code:
 
 or as a Flax module (linen; `NnxElmoEmbedder` for NNX):
 
-    elmo = elmo_jax.ElmoEmbedder.from_export("runs/x/export")   # mixes are its params
+    elmo = elmo_jax.ElmoEmbedder.from_pretrained("runs/x/export")   # mixes are its params
 
 Any stored model (a training workdir, an export folder, a weights file):
 

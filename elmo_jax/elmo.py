@@ -22,7 +22,6 @@ from elmo_jax.lexicon import Lexicon
 from elmo_jax.model import LSTMState, init_state, packed_segments
 from elmo_jax.options import ElmoOptions
 from elmo_jax.shapes import bucket, round_up
-from elmo_jax.weights import load_weights
 
 
 class Elmo:
@@ -72,8 +71,11 @@ class Elmo:
     @classmethod
     def from_files(cls, options_json: str | os.PathLike, weights_hdf5: str | os.PathLike,
                    **kwargs) -> "Elmo":
-        options = ElmoOptions.from_json(options_json)
-        return cls(load_weights(weights_hdf5, options), options, **kwargs)
+        """AllenNLP's pair of files (`stored.open_model(weights, options=...)`)."""
+        from elmo_jax.stored import open_model
+
+        stored = open_model(weights_hdf5, options_json)
+        return cls(stored.params, stored.options, lexicon=stored.lexicon, **kwargs)
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, options: str | os.PathLike | None = None,
@@ -87,7 +89,6 @@ class Elmo:
         stored = open_model(model, options)
         return cls(stored.params, stored.options, lexicon=stored.lexicon, **kwargs)
 
-    from_export = from_pretrained  # the earlier name
 
     def reset_state(self) -> None:
         self.state = None

@@ -7,7 +7,7 @@ gradient unless `fine_tune=True`.
 Linen:
 
     embedder = ElmoEmbedder.from_pretrained("original", n_mixes=1)  # or a path, a URL
-    variables = embedder.init(rng, char_ids)                   # loads the weights
+    variables = embedder.init(rng, char_ids)       # the weights opened once, above
     (mixed,), mask = embedder.apply(variables, char_ids)       # [B, T, 2P], [B, T]
 
 `variables["params"]` holds the mix; `variables["bilm"]["weights"]` the biLM
@@ -32,20 +32,34 @@ from elmo_jax.model import init_params
 from elmo_jax.options import ElmoOptions
 
 
-def _load(options: ElmoOptions, weights_file: str | None, rng) -> dict:
-    if weights_file is None:
-        return init_params(options, rng)
+def _load(module: "ElmoEmbedder", rng) -> dict:
+    """The biLM weights `init` starts from: those given (opened once, before),
+    else random ones; the deprecated `weights_file` is read here."""
+    if module.weights is not None:
+        return jax.tree.map(jnp.asarray, module.weights)
+    if module.weights_file is None:
+        return init_params(module.options, rng)
+    import warnings
+
+    warnings.warn("ElmoEmbedder(weights_file=...) reads the file inside init; open the model "
+                  "once instead: ElmoEmbedder.from_pretrained(path) or "
+                  "ElmoEmbedder(options, weights=open_model(path).params)",
+                  DeprecationWarning, stacklevel=3)
     from elmo_jax.stored import open_model  # orbax is imported only when a model is opened
 
-    return jax.tree.map(jnp.asarray, open_model(weights_file).params)
+    return jax.tree.map(jnp.asarray, open_model(module.weights_file).params)
 
 
 class ElmoEmbedder(nn.Module):
     """char ids [B, T, C] -> (tuple of n_mixes [B, T, 2P] mixes, mask [B, T]).
 
     options:      the biLM's options.
-    weights_file: a stored model (`stored.open_model`: an export folder, a
-                  weights hdf5 with options.json beside it, a workdir), read at `init`; None: random biLM weights (`init_params`).
+    weights:      the biLM's parameters, opened once (`open_model(...).params`;
+                  `from_pretrained` does it), the start of the "bilm" variables at
+                  `init`; None: random biLM weights (`init_params`). A module
+                  holding them is not hashable: pass it to jax.jit as a closure,
+                  not as a static argument.
+    weights_file: deprecated: a stored model read inside `init`.
     n_mixes:      how many scalar mixes (AllenNLP's num_output_representations).
     layer_norm:   AllenNLP's do_layer_norm.
     dropout:      on each mix, as AllenNLP's Elmo (0.5 there); needs a
@@ -55,6 +69,7 @@ class ElmoEmbedder(nn.Module):
     lexicon:      the dictionaries of a model that spells tokens with them
                   (ELMoForManyLangs'); `char_ids` uses them."""
     options: ElmoOptions
+    weights: Any = None
     weights_file: str | None = None
     n_mixes: int = 1
     layer_norm: bool = False
@@ -68,14 +83,10 @@ class ElmoEmbedder(nn.Module):
         """From a registry name, a URL or a stored model (`stored.open_model`:
         an export folder, a weights file with options.json beside it, a
         training workdir, an ELMoForManyLangs folder)."""
-        from elmo_jax.hub import resolve
-        from elmo_jax.stored import model_spelling
+        from elmo_jax.stored import open_model
 
-        path, _ = resolve(model)  # downloads once; the weights are read at init, once
-        options, lexicon = model_spelling(path)
-        return cls(options, weights_file=path, lexicon=lexicon, **kwargs)
-
-    from_export = from_pretrained  # the earlier name
+        stored = open_model(model)  # opened once, here: init reads no file
+        return cls(stored.options, weights=stored.params, lexicon=stored.lexicon, **kwargs)
 
     def char_ids(self, sentences: Sequence[Sequence[str]], min_length: int = 0):
         """Token lists -> [B, T, ids per token] ids for this module."""
@@ -84,12 +95,12 @@ class ElmoEmbedder(nn.Module):
     @nn.compact
     def __call__(self, char_ids, deterministic: bool = True):
         if self.fine_tune:
-            bilm = self.param("bilm", lambda rng: _load(self.options, self.weights_file, rng))
+            bilm = self.param("bilm", lambda rng: _load(self, rng))
         else:
             bilm = jax.lax.stop_gradient(self.variable(
                 "bilm", "weights",
-                lambda: _load(self.options, self.weights_file,
-                              self.make_rng("params") if self.weights_file is None else None)
+                lambda: _load(self, self.make_rng("params") if self.weights is None
+                              and self.weights_file is None else None)
             ).value)
         K = self.options.n_output_layers
         mix = {"weights": self.param("scalar_mix_weights", nn.initializers.zeros,
@@ -147,8 +158,6 @@ class NnxElmoEmbedder(nnx.Module):
 
         stored = open_model(model)
         return cls(stored.options, stored.params, lexicon=stored.lexicon, rngs=rngs, **kwargs)
-
-    from_export = from_pretrained  # the earlier name
 
     def char_ids(self, sentences: Sequence[Sequence[str]], min_length: int = 0):
         """Token lists -> [B, T, ids per token] ids for this module."""

@@ -57,7 +57,7 @@ def tokenize_lines(lines: Iterable[str], lang: str = "en") -> list[list[str]]:
 
 def segmented_files(pattern: str, lang: str) -> str:
     """A glob of the files matching `pattern`, each line tokenised with `lang`:
-    written once into the cache (`hub.cache_dir()/segmented/KEY/`, KEY a digest
+    written once into the cache (`downloads.cache_dir()/segmented/KEY/`, KEY a digest
     of the files' paths, sizes and times and of `lang`) and reused by every
     later run, epoch and process, as long as the files are unchanged."""
     import hashlib
@@ -66,7 +66,7 @@ def segmented_files(pattern: str, lang: str) -> str:
     from elmo_jax import copies, paths
     from elmo_jax.data.sources import list_shards
     from elmo_jax.files import atomic_path, split_lines
-    from elmo_jax.hub import cache_dir, file_lock
+    from elmo_jax.downloads import cache_dir, file_lock
 
     if lang not in LANGS:
         raise ValueError(f"tokenize must be one of {LANGS}, got {lang!r}")

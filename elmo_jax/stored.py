@@ -17,7 +17,7 @@
     a local archive      of any folder above (extracted once into the cache)
 
 Every reader of a model opens it here: the embed and score commands,
-`Elmo.from_export`, the Flax modules' `from_export`, `train.py export` and
+`Elmo.from_pretrained`, the Flax modules' `from_pretrained`, `train.py export` and
 `eval`, and fine-tuning's `data.init_from`. Opening a workdir reads the
 parameters item of its checkpoint and builds nothing of training.
 """

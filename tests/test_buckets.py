@@ -272,7 +272,7 @@ def test_no_google_credentials_is_one_line_while_the_metadata_server_does_not_an
 
 _KILLED_INSIDE_CHUNK_2 = """
 import os, sys
-from elmo_jax import store
+from elmo_jax import shard_writers as store
 finish = store.BucketShardWriter.finish_chunk
 def finish_chunk(self, *a, **k):
     if len(self.markers) == 2:  # chunk 2's rows uploaded, then death before its marker
@@ -432,7 +432,7 @@ def test_the_storage_service_gone_mid_run_stops_it_with_a_line_and_the_same_comm
 # taken the storage service away (the file `go` appears)
 _PAUSED_BEFORE_CHUNK_2 = """
 import os, sys, time
-from elmo_jax import store
+from elmo_jax import shard_writers as store
 finish = store.BucketShardWriter.finish_chunk
 def finish_chunk(self, *a, **k):
     if len(self.markers) == 2 and not os.path.exists("go"):

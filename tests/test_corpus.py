@@ -15,6 +15,7 @@ import pytest
 
 import elmo_jax
 from conftest import FIXTURES, REPO, devices_env
+from elmo_jax import shard_writers
 from elmo_jax import store as store_lib
 from elmo_jax.corpus import CorpusSettings, embed_corpus
 from elmo_jax.store import DiskFull, StoreError, open_embeddings
@@ -157,7 +158,7 @@ def test_a_rerun_that_differs_is_refused(model, corpus, reference_store, tmp_pat
 
 KILLER = textwrap.dedent("""
     import os, sys
-    from elmo_jax import store
+    from elmo_jax import shard_writers as store
     where = sys.argv.pop(1)
     append, finish = store.ShardWriter.append_rows, store.ShardWriter.finish_chunk
     def append_rows(self, rows):
@@ -213,7 +214,7 @@ def test_a_full_disk_is_an_error_and_the_rerun_continues(model, corpus, referenc
                                                          tmp_path, monkeypatch):
     options, params = model
     out = str(tmp_path / "s")
-    original = store_lib.ShardWriter.append_rows
+    original = shard_writers.ShardWriter.append_rows
 
     class FullDisk:  # the vectors file once the disk is full: writes fail, the rest works
         def __init__(self, fh):
@@ -230,13 +231,13 @@ def test_a_full_disk_is_an_error_and_the_rerun_continues(model, corpus, referenc
             self._files["vectors.bin"] = FullDisk(self._files["vectors.bin"])
         return original(self, rows)
 
-    monkeypatch.setattr(store_lib.ShardWriter, "append_rows", append_rows)
+    monkeypatch.setattr(shard_writers.ShardWriter, "append_rows", append_rows)
     with pytest.raises(DiskFull) as e:
         embed_corpus(params, options, corpus["files"], out, CorpusSettings(**SETTINGS))
     message = str(e.value)
     assert "no space left on the device of" in message and "vectors.bin" in message
     assert "needs at least" in message and "the 2 finished chunk(s)" in message
-    monkeypatch.setattr(store_lib.ShardWriter, "append_rows", original)
+    monkeypatch.setattr(shard_writers.ShardWriter, "append_rows", original)
     shard = store_lib.shard_dir(out, 0, 1)
     assert os.path.getsize(os.path.join(shard, "starts.bin")) == 10 * 8  # cut back to 2 chunks
     summary = embed_corpus(params, options, corpus["files"], out, CorpusSettings(**SETTINGS))
@@ -354,7 +355,7 @@ def test_a_real_full_disk_exits_with_an_error_and_the_rerun_continues(corpus, re
 
 _HOLDS_SHARD_0 = """
 import os, sys, time
-from elmo_jax import store
+from elmo_jax import shard_writers as store
 finish = store.ShardWriter.finish_chunk
 def finish_chunk(self, *a, **k):
     finish(self, *a, **k)
@@ -401,7 +402,7 @@ def test_a_shard_is_written_by_one_worker_at_a_time(model, corpus, reference_sto
     assert LOCK not in os.listdir(store_lib.shard_dir(out, 0, 1))
 
 
-LOCK = store_lib.LOCK_FILE
+LOCK = shard_writers.LOCK_FILE
 
 
 def test_workers_starting_together_share_one_spec_and_never_overwrite_it(model, corpus,

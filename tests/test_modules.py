@@ -33,7 +33,7 @@ def _reference(options, params, ids, layer_norm=False):
 @pytest.mark.parametrize("layer_norm", [False, True])
 def test_linen_module_equals_embed_and_trains_only_the_mix(fixture_model, layer_norm):
     options, params = fixture_model
-    module = ElmoEmbedder.from_export(WEIGHTS, n_mixes=2, layer_norm=layer_norm)
+    module = ElmoEmbedder.from_pretrained(WEIGHTS, n_mixes=2, layer_norm=layer_norm)
     ids = module.char_ids(SENTENCES)
     variables = module.init(jax.random.PRNGKey(0), ids)
     assert set(variables) == {"params", "bilm"}
@@ -52,8 +52,9 @@ def test_linen_module_equals_embed_and_trains_only_the_mix(fixture_model, layer_
     assert np.abs(np.asarray(grads["params"]["scalar_mix_weights"])).max() > 0
 
 
-def test_from_pretrained_reads_the_weights_once(monkeypatch):
-    """The options and spelling come without the weights; `init` reads them."""
+def test_from_pretrained_opens_the_weights_once_and_init_reads_no_file(monkeypatch):
+    """`from_pretrained` opens the model once; `init` (and every apply) reads
+    no file; the deprecated `weights_file` still works, with a warning."""
     import elmo_jax.export
 
     reads = []
@@ -61,14 +62,19 @@ def test_from_pretrained_reads_the_weights_once(monkeypatch):
     monkeypatch.setattr(elmo_jax.export, "load_weights",
                         lambda *a, **k: reads.append(a[0]) or real(*a, **k))
     module = ElmoEmbedder.from_pretrained(WEIGHTS)
-    assert reads == []
-    module.init(jax.random.PRNGKey(0), module.char_ids(SENTENCES))
     assert reads == [WEIGHTS]
+    variables = module.init(jax.random.PRNGKey(0), module.char_ids(SENTENCES))
+    assert reads == [WEIGHTS]
+    old = ElmoEmbedder(module.options, weights_file=WEIGHTS)
+    with pytest.warns(DeprecationWarning, match="reads the file inside init"):
+        old_variables = old.init(jax.random.PRNGKey(0), old.char_ids(SENTENCES))
+    for a, b in zip(jax.tree.leaves(variables["bilm"]), jax.tree.leaves(old_variables["bilm"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_fine_tune_puts_the_bilm_among_the_params(fixture_model):
     options, params = fixture_model
-    module = ElmoEmbedder(options, weights_file=WEIGHTS, fine_tune=True)
+    module = ElmoEmbedder(options, weights=params, fine_tune=True)
     ids = module.char_ids(SENTENCES)
     variables = module.init(jax.random.PRNGKey(0), ids)
     assert set(variables) == {"params"} and "bilm" in variables["params"]

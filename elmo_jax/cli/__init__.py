@@ -58,6 +58,7 @@ def report_library_messages() -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
         root.addHandler(handler)
     root.setLevel(logging.INFO)
+    root.propagate = False  # absl puts a handler on the root logger: not twice
 
 
 def print_result(result: dict, out: str | None = None) -> None:

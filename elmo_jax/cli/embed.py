@@ -117,25 +117,7 @@ def main(argv=None, prog: str = "embed.py"):
         n = merge_to_hdf5(args.merge, args.output)
         print(json.dumps({"output": args.output, "sentences": n, "merged": args.merge}))
         return
-    if not args.input:
-        ap.error("give --input (or --merge DIR)")
-    given = [a for a in (args.model, args.weights, args.workdir) if a]
-    if len(given) != 1 or (args.options and args.workdir):
-        ap.error("give --model, or --weights (and --options unless options.json is beside "
-                 "it), or --workdir")
-    if args.layer is not None and args.mix is not None:
-        ap.error("--layer and --mix exclude each other")
-    if args.stateful and not to_hdf5:
-        ap.error("--stateful carries the state across lines, so its work cannot be split "
-                 "into chunks, shards or resumed: write an .hdf5 file (--output X.hdf5)")
-    if args.cache_vocab and not args.stateful:
-        ap.error("--cache_vocab goes with --stateful: the corpus job runs the character "
-                 "CNN on the devices, in the same program as the LSTMs")
-    if (args.shard is None) != (args.num_shards is None):
-        ap.error("--shard and --num_shards go together")
-    if to_hdf5 and (args.num_shards or 1) > 1:
-        ap.error("several workers write a store folder (--output DIR), then "
-                 "`--merge DIR --output X.hdf5`")
+    given = _check_flags(ap, args, to_hdf5)
 
     import jax
 
@@ -159,15 +141,9 @@ def main(argv=None, prog: str = "embed.py"):
         print(json.dumps({"output": args.output, "sentences": n, "layers": layers,
                           "sentence_vectors": args.sentence_vectors}))
         return
-    from elmo_jax.corpus import CorpusSettings, embed_corpus
+    from elmo_jax.corpus import embed_corpus
 
-    settings = CorpusSettings(
-        output="mix" if mix else ("layer" if args.layer is not None else "layers"),
-        layer=args.layer, mix_weights=tuple(mix) if mix else None, gamma=args.gamma,
-        sentence_vectors=args.sentence_vectors, dtype=args.dtype,
-        compute_dtype=args.compute_dtype, batch_tokens=args.batch_tokens,
-        max_rows=args.batch_size, max_length=args.max_length, chunk_lines=args.chunk_lines,
-        tokenize=args.tokenize, on_bad_line=args.on_bad_line)
+    settings = _settings(args, mix)
     if args.shard is not None:
         shard, num_shards = args.shard, args.num_shards
     else:
@@ -193,6 +169,43 @@ def main(argv=None, prog: str = "embed.py"):
     summary.update({"sentences": summary["lines"], "layers": layers,
                     "sentence_vectors": args.sentence_vectors, "dtype": args.dtype})
     print(json.dumps(summary))
+
+
+def _check_flags(ap, args, to_hdf5: bool) -> list:
+    """The flags' combinations, each wrong one an argparse error; returns
+    the one model flag given."""
+    if not args.input:
+        ap.error("give --input (or --merge DIR)")
+    given = [a for a in (args.model, args.weights, args.workdir) if a]
+    if len(given) != 1 or (args.options and args.workdir):
+        ap.error("give --model, or --weights (and --options unless options.json is beside "
+                 "it), or --workdir")
+    if args.layer is not None and args.mix is not None:
+        ap.error("--layer and --mix exclude each other")
+    if args.stateful and not to_hdf5:
+        ap.error("--stateful carries the state across lines, so its work cannot be split "
+                 "into chunks, shards or resumed: write an .hdf5 file (--output X.hdf5)")
+    if args.cache_vocab and not args.stateful:
+        ap.error("--cache_vocab goes with --stateful: the corpus job runs the character "
+                 "CNN on the devices, in the same program as the LSTMs")
+    if (args.shard is None) != (args.num_shards is None):
+        ap.error("--shard and --num_shards go together")
+    if to_hdf5 and (args.num_shards or 1) > 1:
+        ap.error("several workers write a store folder (--output DIR), then "
+                 "`--merge DIR --output X.hdf5`")
+    return given
+
+
+def _settings(args, mix):
+    from elmo_jax.corpus import CorpusSettings
+
+    return CorpusSettings(
+        output="mix" if mix else ("layer" if args.layer is not None else "layers"),
+        layer=args.layer, mix_weights=tuple(mix) if mix else None, gamma=args.gamma,
+        sentence_vectors=args.sentence_vectors, dtype=args.dtype,
+        compute_dtype=args.compute_dtype, batch_tokens=args.batch_tokens,
+        max_rows=args.batch_size, max_length=args.max_length, chunk_lines=args.chunk_lines,
+        tokenize=args.tokenize, on_bad_line=args.on_bad_line)
 
 
 def _parts_dir(hdf5_path: str) -> str:

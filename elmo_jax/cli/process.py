@@ -15,13 +15,13 @@ def use_compilation_cache() -> str:
     on every process (`private_apis`). Returns the folder."""
     import jax
 
-    from elmo_jax import hub, paths, private_apis
+    from elmo_jax import downloads, paths, private_apis
 
     private_apis.one_cache_key_for_every_process()
     chosen = os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir
     if chosen:
         return paths.check(chosen)  # a bucket is fine (JAX writes it through etils' epath)
-    shared = hub.shared_cache()
-    folder = paths.join(shared, "xla") if shared else os.path.join(hub.cache_dir(), "xla")
+    shared = downloads.shared_cache()
+    folder = paths.join(shared, "xla") if shared else os.path.join(downloads.cache_dir(), "xla")
     jax.config.update("jax_compilation_cache_dir", folder)
     return folder

@@ -248,12 +248,14 @@ def _plan(argv, prog):
         if target is not None:
             n_model = int(sizes.pop("model", 0))  # 0: train.mesh_model's default, below
             sizes.pop("data", None)
-            assert n_model >= 0 and target.chips % max(n_model, 1) == 0
+            if n_model < 0 or target.chips % max(n_model, 1):
+                raise ValueError
             n_data = target.chips // max(n_model, 1)
         else:
             n_data, n_model = int(sizes.pop("data", 1)), int(sizes.pop("model", 1))
-        assert not sizes and n_data > 0 and (n_model > 0 or target is not None)
-    except (ValueError, AssertionError):
+        if sizes or n_data <= 0 or (n_model <= 0 and target is None):
+            raise ValueError
+    except ValueError:
         ap.error(f"--mesh takes data=D,model=M (with --target: model=M dividing its chips), "
                  f"got {args.mesh!r}")
     import jax

@@ -14,7 +14,8 @@ import tempfile
 import numpy as np
 
 from elmo_jax.data.sources import DataError
-from elmo_jax.data.streams import SpellingTables, StreamBatcher, TokenCorpus
+from elmo_jax.data.streams import SpellingTables, StreamBatcher
+from elmo_jax.data.tokens import TokenCorpus
 
 
 def _relay(from_worker, to_main) -> None:

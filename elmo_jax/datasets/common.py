@@ -28,8 +28,8 @@ class RecipeError(UserError, RuntimeError):
 
 def cache_root(cache_dir: str | None = None) -> str:
     """`cache_dir`, else elmo-jax's cache ($ELMO_JAX_CACHE, else
-    ${XDG_CACHE_HOME:-~/.cache}/elmo-jax: `hub.cache_dir`)."""
-    from elmo_jax.hub import cache_dir as default
+    ${XDG_CACHE_HOME:-~/.cache}/elmo-jax: `downloads.cache_dir`)."""
+    from elmo_jax.downloads import cache_dir as default
 
     return os.path.abspath(cache_dir) if cache_dir else default()
 

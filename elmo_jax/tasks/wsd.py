@@ -87,7 +87,7 @@ def main(argv=None):
     ap.add_argument("--examples", required=True, help="the wordnet recipe's examples.jsonl")
     ap.add_argument("--out", help="append the result as a JSON line to this file")
     args = ap.parse_args(argv)
-    elmo = Elmo.from_export(args.weights)
+    elmo = Elmo.from_pretrained(args.weights)
     result = {"weights": args.weights, **probe(elmo, load_examples(args.examples))}
     line = json.dumps(result)
     if args.out:

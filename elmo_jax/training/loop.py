@@ -93,7 +93,7 @@ def segmented(config: Config) -> Config:
         return config
     from elmo_jax.segmentation import segmented_files
 
-    if d.source != "text" or (d.train_files and data_lib.streams.is_prepared(d.train_files)):
+    if d.source != "text" or (d.train_files and data_lib.tokens.is_prepared(d.train_files)):
         raise ConfigError("data.tokenize applies to text files (--train_files GLOB), not to "
                           "a prepared folder or lm1b")
     return config.replace(data=dataclasses.replace(
@@ -156,7 +156,7 @@ def check_before_training(config: Config, vocab: Vocabulary, mesh, source=None) 
         _readable(config.data.eval_files, "held-out file")
         check_eval_batch(tc, mesh.size)
     if (source is None and config.data.source == "text" and config.data.train_files
-            and not data_lib.streams.is_prepared(config.data.train_files)):
+            and not data_lib.tokens.is_prepared(config.data.train_files)):
         _readable(config.data.train_files, "training file")
     if jax.process_count() > 1 and mesh.shape["model"] > jax.local_device_count():
         raise ConfigError(f"train.mesh_model {mesh.shape['model']} is more than the "

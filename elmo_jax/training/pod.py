@@ -88,36 +88,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
             signals.extend(signal.Signals(b) for b in os.read(wake_r, 64)
                            if b in (signal.SIGINT, signal.SIGTERM))  # not the 0 of the end
 
-    def wait_and_say():
-        t0, every = time.time(), min(30.0, max(wait_for_peers / 3, 1.0))
-        said, told = t0, 0
-        while not met.is_set():
-            if len(signals) > told:
-                told = len(signals)
-                if told >= (2 if keep_a_signal else 1):
-                    sys.stderr.write(f"{who}: stopped by {signals[-1].name} while waiting for "
-                                     f"the other processes at {where}: nothing was started\n")
-                    sys.stderr.flush()
-                    os._exit(128 + signals[-1])
-                sys.stderr.write(f"{who}: {signals[0].name} kept while waiting for the other "
-                                 "processes: every process stops before step 1 once all have "
-                                 "joined; another SIGINT or SIGTERM ends this one now\n")
-                sys.stderr.flush()
-            waited = time.time() - t0
-            if waited >= wait_for_peers - 1e-3:
-                _leave(f"{who} waited {waited:.0f} s for every process to join at {where} and "
-                       f"gives up (--wait_for_peers {wait_for_peers:g}): start all "
-                       f"{num_processes or ''} processes with the same --coordinator_address "
-                       "and --num_processes, process 0 where that address points, or allow "
-                       "longer")
-            if time.time() - said >= every:
-                said = time.time()
-                sys.stderr.write(f"{who}: waiting for the other processes at {where} "
-                                 f"({waited:.0f} s of at most {wait_for_peers:g} s)\n")
-                sys.stderr.flush()
-            read_signals(0.2)
-
-    thread = threading.Thread(target=wait_and_say, daemon=True, name="elmo-jax-wait-for-peers")
+    thread = threading.Thread(target=_wait_and_say, daemon=True, name="elmo-jax-wait-for-peers",
+                              args=(met, signals, read_signals, who, where, wait_for_peers,
+                                    num_processes, keep_a_signal))
     thread.start()
     try:
         jax.distributed.initialize(
@@ -136,6 +109,39 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         os.close(wake_w)
     if keep_a_signal and signals and not kept:
         keep_signal(signals[0])  # for the stop before step 1
+
+
+def _wait_and_say(met, signals, read_signals, who, where, wait_for_peers, num_processes,
+                  keep_a_signal) -> None:
+    """`initialize`'s watcher: every so often a line that this process waits,
+    a signal kept or ending the process, and the end after `wait_for_peers`."""
+    t0, every = time.time(), min(30.0, max(wait_for_peers / 3, 1.0))
+    said, told = t0, 0
+    while not met.is_set():
+        if len(signals) > told:
+            told = len(signals)
+            if told >= (2 if keep_a_signal else 1):
+                sys.stderr.write(f"{who}: stopped by {signals[-1].name} while waiting for "
+                                 f"the other processes at {where}: nothing was started\n")
+                sys.stderr.flush()
+                os._exit(128 + signals[-1])
+            sys.stderr.write(f"{who}: {signals[0].name} kept while waiting for the other "
+                             "processes: every process stops before step 1 once all have "
+                             "joined; another SIGINT or SIGTERM ends this one now\n")
+            sys.stderr.flush()
+        waited = time.time() - t0
+        if waited >= wait_for_peers - 1e-3:
+            _leave(f"{who} waited {waited:.0f} s for every process to join at {where} and "
+                   f"gives up (--wait_for_peers {wait_for_peers:g}): start all "
+                   f"{num_processes or ''} processes with the same --coordinator_address "
+                   "and --num_processes, process 0 where that address points, or allow "
+                   "longer")
+        if time.time() - said >= every:
+            said = time.time()
+            sys.stderr.write(f"{who}: waiting for the other processes at {where} "
+                             f"({waited:.0f} s of at most {wait_for_peers:g} s)\n")
+            sys.stderr.flush()
+        read_signals(0.2)
 
 
 def _client():
