@@ -8,13 +8,13 @@ STAMP  := $(VENV)/.installed
 # give themselves (elmo_jax/huge_pages.py)
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: test check demo results venv clean
+.PHONY: test check demo results docs venv clean
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt requirements-accelerators.txt pyproject.toml
+$(STAMP): requirements.txt requirements-docs.txt requirements-accelerators.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-docs.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --upgrade \
 		--target $(VENV)/accelerators -r requirements-accelerators.txt
@@ -34,6 +34,11 @@ check: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) demo.py
+
+# the site under docs/ (Sphinx, MyST pages, the API from the docstrings), built
+# offline into docs/_build/html; a warning is an error
+docs: $(STAMP)
+	$(PY) -m sphinx -E -W --keep-going -q -b html docs docs/_build/html
 
 results: $(STAMP)
 	$(PY) results.py

@@ -128,14 +128,22 @@ class Elmo:
     def embed_sentences(self, sentences: Sequence[Sequence[str]], batch_size: int = 64,
                         output: str = "layers", mix_weights: Sequence[float] | None = None,
                         gamma: float = 1.0) -> list[np.ndarray]:
-        """One float32 array per sentence, in input order:
+        """The ELMo vectors of each sentence.
 
-        output="layers"  [L+1, n_tokens, 2P], every layer;
-        output="mix"     [n_tokens, 2P], gamma * the softmax(mix_weights)-weighted
-                         sum of the layers (equal weights by default);
-        output="mean"    [2P], the mix's mean over the tokens (TF-Hub's ELMo
-                         `default`; zeros for an empty sentence).
-        An empty list gives an empty list."""
+        Args:
+            sentences: token lists (an empty list gives an empty list).
+            batch_size: sentences a batch.
+            output: "layers" ([L+1, n_tokens, 2P], every layer), "mix"
+                ([n_tokens, 2P]: gamma times the softmax(mix_weights)-weighted
+                sum of the layers, equal weights by default) or "mean" ([2P]:
+                the mix's mean over the tokens, TF-Hub's ELMo `default`; zeros
+                for an empty sentence).
+            mix_weights: the mix's raw weights, one per layer.
+            gamma: the mix's scale.
+
+        Returns:
+            One float32 array per sentence, in input order.
+        """
         if output not in ("layers", "mix", "mean"):
             raise ValueError(f"output must be 'layers', 'mix' or 'mean', got {output!r}")
         layers = self._embed_layers(sentences, batch_size)

@@ -21,12 +21,15 @@ from elmo_jax.options import ElmoOptions
 class EmbedOutput(NamedTuple):
     """What `embed` returns (a pytree).
 
-    layers:      [L+1, B, T, 2P] layer 0 = token vectors duplicated, then one per
-                 LSTM layer (forward half, backward half); zero at padded tokens.
-    mask:        [B, T] bool, True at real tokens.
-    state:       LSTMState after the last real position of each row.
-    mixed:       one [B, T, 2P] array per scalar mix, or None without `mix`.
-    mix_weights: [n_mixes, L+1] softmax-normalised mix weights, or None."""
+    Attributes:
+        layers: [L+1, B, T, 2P] float32. Layer 0 is the token vectors
+            duplicated, then one per LSTM layer (forward half, backward half);
+            zero at padded tokens.
+        mask: [B, T] bool, True at real tokens.
+        state: the LSTMState after the last real position of each row.
+        mixed: one [B, T, 2P] array per scalar mix, or None without `mix`.
+        mix_weights: [n_mixes, L+1] softmax-normalised mix weights, or None.
+    """
     layers: jax.Array
     mask: jax.Array
     state: LSTMState
@@ -98,21 +101,36 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
           state: LSTMState | None = None, mix: dict | None = None, *,
           mix_layer_norm: bool = False, unroll: int = 1, dtype=jnp.float32,
           segments: tuple | None = None) -> EmbedOutput:
-    """ELMo representations of a batch.
+    """ELMo representations of a batch: a pure function of the parameters and
+    the character ids (the options are static), so it goes under `jax.jit`,
+    `jax.grad`, `jax.vmap` and a sharded `jit`.
 
-    params:   biLM parameters (`load_weights`, `init_params` or training).
-    char_ids: [B, T, C] int32 from `batch_to_char_ids` (real tokens first in
-              each row, then all-zero padding tokens); `chars.trim_padding`
-              may cut C first (the same output, a cheaper character CNN; any
-              other C under the options' must not cut a token's spelling).
-    state:    LSTMState for B rows to continue from (stateful use), or None to
-              start from zeros (the default: a sentence always gets the same vectors).
-    mix:      scalar-mix parameters from `init_mix`; adds `mixed` and `mix_weights`.
-              The mix is taken over positions including `<S>`/`</S>`, as AllenNLP
-              does, so its optional layer norm sees the same elements.
-    unroll, dtype, segments: speed knobs: `lax.scan` unroll, the matmul input
-              dtype (bf16 on accelerators; cell state and gates stay float32), and a
-              packed schedule for rows sorted by length (see `embed_token_vectors`)."""
+    Args:
+        params: the biLM's parameters (`open_model(...).params`,
+            `load_weights`, `init_params` or training).
+        char_ids: [B, T, C] int32 from `batch_to_char_ids`: real tokens first in
+            each row, then all-zero padding tokens. `chars.trim_padding` may cut
+            C first (the same output, a cheaper character CNN); any other C
+            under the options' must not cut a token's spelling.
+        options: the model's `ElmoOptions` (static: its network is the jit key).
+        state: an LSTMState for B rows to continue from (stateful use, as
+            bilm-tf's), or None to start from zeros (the default: a sentence
+            always gets the same vectors).
+        mix: scalar-mix parameters from `init_mix`; adds `mixed` and
+            `mix_weights`. The mix is taken over positions including
+            `<S>`/`</S>`, as AllenNLP does, so its layer norm sees the same
+            elements.
+        mix_layer_norm: AllenNLP's `do_layer_norm` for the mix.
+        unroll: the `lax.scan` unroll of the LSTMs.
+        dtype: the matmuls' input dtype (bfloat16 on accelerators; the cell
+            state and gates stay float32).
+        segments: a packed schedule for rows sorted by length (see
+            `embed_token_vectors`).
+
+    Returns:
+        An `EmbedOutput`: layers [L+1, B, T, 2P], mask [B, T], the new state,
+        and the mixes when `mix` is given.
+    """
     options, dtype = _canonical(options, dtype)
     return _embed(params, char_ids, options, state, mix, mix_layer_norm=mix_layer_norm,
                   unroll=unroll, dtype=dtype, segments=segments)

@@ -51,23 +51,26 @@ def _load(module: "ElmoEmbedder", rng) -> dict:
 
 
 class ElmoEmbedder(nn.Module):
-    """char ids [B, T, C] -> (tuple of n_mixes [B, T, 2P] mixes, mask [B, T]).
+    """ELMo as a linen module: char ids [B, T, C] -> (a tuple of `n_mixes`
+    [B, T, 2P] mixes, the mask [B, T]).
 
-    options:      the biLM's options.
-    weights:      the biLM's parameters, opened once (`open_model(...).params`;
-                  `from_pretrained` does it), the start of the "bilm" variables at
-                  `init`; None: random biLM weights (`init_params`). A module
-                  holding them is not hashable: pass it to jax.jit as a closure,
-                  not as a static argument.
-    weights_file: deprecated: a stored model read inside `init`.
-    n_mixes:      how many scalar mixes (AllenNLP's num_output_representations).
-    layer_norm:   AllenNLP's do_layer_norm.
-    dropout:      on each mix, as AllenNLP's Elmo (0.5 there); needs a
-                  "dropout" rng when not deterministic.
-    fine_tune:    the biLM weights are parameters ("params"/"bilm") and train.
-    dtype:        matmul dtype of the biLM (bf16 on accelerators).
-    lexicon:      the dictionaries of a model that spells tokens with them
-                  (ELMoForManyLangs'); `char_ids` uses them."""
+    Attributes:
+        options: the biLM's `ElmoOptions`.
+        weights: the biLM's parameters, opened once (`open_model(...).params`;
+            `from_pretrained` does it), the start of the "bilm" variables at
+            `init`; None: random biLM weights (`init_params`). A module holding
+            them is not hashable: give it to `jax.jit` in a closure, not as a
+            static argument.
+        weights_file: deprecated: a stored model read inside `init`.
+        n_mixes: how many scalar mixes (AllenNLP's num_output_representations).
+        layer_norm: AllenNLP's do_layer_norm.
+        dropout: on each mix, as AllenNLP's Elmo (0.5 there); needs a "dropout"
+            rng when not deterministic.
+        fine_tune: the biLM weights are parameters ("params"/"bilm") and train.
+        dtype: the matmul dtype of the biLM (bfloat16 on accelerators).
+        lexicon: the dictionaries of a model that spells tokens with them
+            (ELMoForManyLangs'); `char_ids` uses them.
+    """
     options: ElmoOptions
     weights: Any = None
     weights_file: str | None = None

@@ -306,9 +306,19 @@ def _skipped(shard: str) -> list[dict]:
 
 
 def open_embeddings(directory: str | os.PathLike) -> EmbeddingStore:
-    """The finished embedding store in `directory` (written by `elmo-jax embed
-    --output DIR`); one in a bucket is read from its local copy
-    (`local_store`)."""
+    """A finished embedding store.
+
+    Args:
+        directory: the store (written by `elmo-jax embed --output DIR` or
+            `embed_corpus`), local or in a bucket (read from its local copy,
+            `local_store`, assembled once).
+
+    Returns:
+        An `EmbeddingStore`: `len(store)` lines; `store[i]` line i's vectors
+        ([K, n_i, 2P] for all layers, [n_i, 2P] for one layer or a mix, a row
+        per line with sentence vectors), memory-mapped; `store.batches(...)`
+        padded batches.
+    """
     directory = paths.check(directory)
     if paths.is_remote(directory):
         return EmbeddingStore(local_store(directory))

@@ -90,11 +90,23 @@ def model_spelling(path: str | os.PathLike, options: str | os.PathLike | None = 
 def open_model(path: str | os.PathLike, options: str | os.PathLike | None = None,
                step: int | None = None, progress: bool = True,
                softmax: bool = False) -> StoredModel:
-    """The model stored at `path`, or named by it (see the module's docstring
-    for the forms); `options` names the options.json of a weights file (a path
-    or a URL), `step` a workdir's checkpoint (default: the newest);
-    `softmax` also fetches a registry model's vocabulary and softmax where it
-    has them."""
+    """The one way to open a model.
+
+    Args:
+        path: a registry name (`elmo-jax models`), a URL, or a stored model,
+            local or in a bucket: an export folder, a weights hdf5 (with its
+            options.json beside it), a training workdir, an ELMoForManyLangs
+            folder, or an archive of one of them.
+        options: the options.json of a weights file (a path or a URL).
+        step: a workdir's checkpoint (default: the newest).
+        progress: show download progress.
+        softmax: also fetch a registry model's vocabulary and softmax, where
+            it has them (scoring needs them; the original's is 1.6 GB).
+
+    Returns:
+        A `StoredModel`: `options`, `params`, `vocab`, `softmax`, `lexicon`,
+        `kind` ("export", "weights", "workdir", "manylangs") and `step`.
+    """
     path, options = resolve(path, options, progress, softmax)
     if is_manylangs(path):
         if options is not None:

@@ -1,6 +1,9 @@
-"""The README's commands exist and run: ```bash and ```python blocks are run in
-order in a sandbox; ```sh blocks (several hosts, accelerators) have their
-scripts and flags checked against --help; make targets exist."""
+"""The README's and the site's commands exist and run: ```bash and ```python
+blocks of README.md and of every page under docs/ are run in order (`DOCS`)
+in one sandbox; ```sh blocks (several hosts, accelerators) have their
+scripts and flags checked against --help; ```gcs blocks run against the GCS
+emulator; make targets exist. The site builds with no warning and names
+every public name in its API reference."""
 import functools
 import os
 import re
@@ -13,8 +16,20 @@ import pytest
 from conftest import REPO, devices_env
 
 pytestmark = pytest.mark.e2e
-README = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, re.S)
+# README.md, then the site's pages in the order their examples build on each
+# other (the training guide's run is the AllenNLP and scoring sections' model)
+DOCS = ["README.md", "docs/index.md", "docs/quickstart.md", "docs/guides/chinese.md",
+        "docs/guides/embedding.md", "docs/guides/models.md", "docs/guides/flax.md",
+        "docs/guides/corpus.md", "docs/guides/training.md", "docs/reference/commands.md",
+        "docs/guides/pods.md", "docs/guides/tasks.md", "docs/performance.md",
+        "docs/guides/recipes.md", "docs/reference/config.md", "docs/reference/api.md",
+        "docs/formats/export.md", "docs/formats/store.md", "docs/formats/workdir.md",
+        "docs/layout.md", "docs/changelog.md"]
+TEXT = {d: open(os.path.join(REPO, d), encoding="utf-8").read() for d in DOCS}
+README = TEXT["README.md"]
+# fenced blocks: ```INFO at a line's start, to the next ``` at a line's start
+BLOCKS = [(info.strip(), text) for d in DOCS
+          for info, text in re.findall(r"^```([^\n]*)\n(.*?)^```", TEXT[d], re.S | re.M)]
 
 
 def commands(text):
@@ -56,9 +71,37 @@ def check_flags(cmd):
 
 def test_make_targets_exist():
     makefile = open(os.path.join(REPO, "Makefile")).read()
-    for target in re.findall(r"^make (\w+)", README, re.M):
+    for target in {t for d in DOCS for t in re.findall(r"^make (\w+)", TEXT[d], re.M)}:
         assert re.search(rf"^{target}:", makefile, re.M), target
     assert "make test" in open(os.path.join(REPO, ".ci", "run")).read()
+
+
+def test_every_page_is_in_the_run_and_the_readme_is_short():
+    pages = {os.path.relpath(os.path.join(f, n), REPO)
+             for f, dirs, names in os.walk(os.path.join(REPO, "docs"))
+             if "_build" not in f for n in names if n.endswith(".md")}
+    assert pages == set(DOCS) - {"README.md"}
+    assert README.count("\n") <= 200
+    for link in re.findall(r"\]\((docs/[^)#]+)", README):  # the README's links to the site
+        assert os.path.exists(os.path.join(REPO, link)), link
+
+
+def test_the_site_builds_with_no_warning_and_references_every_public_name(tmp_path):
+    """`make docs`'s build (Sphinx, warnings as errors) from the checkout, and
+    an API entry for each name in `elmo_jax.__all__`."""
+    import elmo_jax
+
+    r = subprocess.run([sys.executable, "-m", "sphinx", "-E", "-W", "--keep-going", "-q", "-b",
+                        "html", os.path.join(REPO, "docs"), str(tmp_path / "html")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "html" / "reference" / "api.html").exists()
+    api = TEXT["docs/reference/api.md"]
+    entries = set(re.findall(r"\.\. auto(?:function|class):: elmo_jax\.(\w+)$", api, re.M))
+    assert set(elmo_jax.__all__) - entries == set()
+    page = (tmp_path / "html" / "reference" / "commands.html").read_text(encoding="utf-8")
+    for flag in ("--train_files", "--workdir", "--sentence_vectors", "--eval_files"):
+        assert flag in page, flag  # the commands' flags, from their parsers
 
 
 def test_sh_blocks_use_real_flags():
@@ -77,7 +120,7 @@ def test_bash_and_python_blocks_run_in_order(tmp_path):
     for info, text in BLOCKS:
         if info == "bash":
             for c in commands(text):
-                if c.startswith("python"):
+                if c.startswith("python") and not c.startswith("python -c"):
                     check_flags(c)
                 c = re.sub(r"^python ", shlex.quote(sys.executable) + " ", c)
                 r = subprocess.run(c, shell=True, cwd=tmp_path, env=env, capture_output=True,
@@ -98,9 +141,9 @@ def test_bash_and_python_blocks_run_in_order(tmp_path):
 
 
 def test_layout_names_every_module_and_top_level_file():
-    """The Layout section lists each module of the package (by file name, in
-    its folder's entry) and each top-level file and folder of the tree."""
-    layout = README.split("## Layout", 1)[1].split("```")[1]
+    """The Layout page lists each module of the package (by file name, in its
+    folder's entry) and each top-level file and folder of the tree."""
+    layout = TEXT["docs/layout.md"].split("```")[1]
     named = set(re.findall(r"[\w.]+\.(?:py|ipynb|md)|[\w-]+/", layout))
     words = set(re.findall(r"\w+", layout))  # a subpackage's entry may name its modules
     missing = []
@@ -113,14 +156,15 @@ def test_layout_names_every_module_and_top_level_file():
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout
     top = {p.split("/")[0] + ("/" if "/" in p else "") for p in tracked.split()}
     hidden = {"Makefile", "README.md", "BENCHMARKS.md", "RESULTS.md", "pyproject.toml",
-              "requirements.txt", "requirements-accelerators.txt"}  # described elsewhere
+              "requirements.txt", "requirements-accelerators.txt",
+              "requirements-docs.txt"}  # described elsewhere
     missing += sorted(t for t in top if not t.startswith(".") and t not in hidden
                       and t not in named and t + "/" not in named)  # configs: a link
     assert missing == []
 
 
 def test_gcs_blocks_run_against_the_emulator(tmp_path, gcs):
-    """The pod section's ```gcs block: its commands run in order against the
+    """The pods guide's ```gcs block: its commands run in order against the
     GCS emulator, in a bucket `my-bucket` holding the grammar corpus, from a
     folder that holds nothing of the run."""
     import fsspec

@@ -65,8 +65,26 @@ def embed_corpus(params: dict, options: ElmoOptions, files: Sequence[str], direc
                  settings: CorpusSettings = CorpusSettings(), shard: int = 0,
                  num_shards: int = 1, lexicon=None, devices=None, progress: bool = False
                  ) -> dict:
-    """Embed the lines of `files` (in order) into the store `directory`, this
-    worker's shard of it; resumes a killed run's store. Returns a summary."""
+    """Embed a corpus into an embedding store (this worker's shard of it),
+    resuming a killed run's store where it stopped.
+
+    Args:
+        params: the biLM's parameters.
+        options: its `ElmoOptions`.
+        files: the input files (local or in a bucket), read in order as one
+            corpus, one sentence a line; line i becomes store[i].
+        directory: the store (local or in a bucket).
+        settings: what is stored and how (`CorpusSettings`).
+        shard: this worker's shard: chunks c with c % num_shards == shard.
+        num_shards: the job's workers.
+        lexicon: the dictionaries of a model that spells tokens with them.
+        devices: the devices to use (default: every local one).
+        progress: show a progress bar.
+
+    Returns:
+        A summary: lines, rows, tokens, chunks (and those resumed),
+        tokens_per_sec, seconds.
+    """
     settings.check(options)
     if not 0 <= shard < num_shards:
         raise StoreError(f"--shard must be in 0..{num_shards - 1}, got {shard}")

@@ -181,10 +181,23 @@ def _max_steps(config: Config) -> float:
 
 
 def train_and_evaluate(config: Config, workdir: str, progress: bool = True, source=None) -> dict:
-    """Train (or resume) in `workdir`; returns the last metrics record.
-    `source` replaces the config's corpus (a `data.TokenCorpus` or a list of
-    token lists: tests, custom corpora). In a run of several processes an
-    error on any one ends every process (`pod.failures_stop_every_process`)."""
+    """Train a biLM, or resume its run, in `workdir`.
+
+    Args:
+        config: the run's `Config` (`config.load_config`: model, train, data).
+        workdir: the run's folder, local or `gs://` (see the workdir format).
+        progress: show a progress bar.
+        source: replaces the config's corpus (a `data.TokenCorpus` or a list
+            of token lists: tests, custom corpora).
+
+    Returns:
+        The last metrics record (a dict with `step`, `train_loss`, and
+        `eval_ppl` when evaluating).
+
+    A SIGINT or SIGTERM stops the run at a step with a checkpoint (the handlers
+    are the caller's again afterwards); in a run of several processes an error
+    on any one ends every process.
+    """
     # signals are caught from here on: one during start-up stops every process
     # just before step 1 (`stopping.signalled_during_start_up`)
     with failures_stop_every_process(), stop_requests() as requests:
