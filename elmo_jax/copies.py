@@ -75,7 +75,7 @@ def local_copy_tree(path) -> str:
         paths.bucket_checked(path, False)
         raise MissingFile(f"no files under {path}")
     root = path.split("://", 1)[1].rstrip("/") + "/"
-    entries = sorted((p[len(root):], f"{info.get('size')}-{info.get('generation') or info.get('ETag')}")
+    entries = sorted((p[len(root):], f"{info.get('size')}-{paths.object_changes(info)}")
                      for p, info in found.items() if p.startswith(root))
     key = hashlib.sha256(repr((path, entries)).encode()).hexdigest()[:24]
     dest = os.path.join(local_cache_dir(), key, paths.basename(path))
@@ -136,7 +136,8 @@ class Mirror:
                 rel = os.path.relpath(os.path.join(root, name), self.local)
                 stamp = self._stamp(rel)
                 if self._synced.get(rel) != stamp:
-                    paths.upload(os.path.join(self.local, rel), paths.join(self.remote, *rel.split(os.sep)))
+                    paths.upload(os.path.join(self.local, rel),
+                                 paths.join(self.remote, *rel.split(os.sep)))
                     self._synced[rel] = stamp
 
     def close(self, sync: bool = True) -> None:

@@ -109,8 +109,9 @@ def isfile(path) -> bool:
 
 
 def bucket_checked(path: str, found: bool) -> bool:
-    """`found` (an object or prefix `path` was found), after making sure that a path not found is not a bucket that
-    does not exist (which every client reports as a path not found)."""
+    """`found` (an object or prefix `path` was found), after making sure that
+    a path not found is not a bucket that does not exist (which every client
+    reports as a path not found)."""
     if found:
         return True
     fs = filesystem(path)
@@ -240,9 +241,14 @@ def version(path) -> tuple[int, str]:
         return st.st_size, str(st.st_mtime_ns)
     with storage_errors(path):
         info = filesystem(path).info(path)
-    changes = info.get("generation") or info.get("ETag") or info.get("etag") \
-        or info.get("mtime") or info.get("LastModified") or info.get("updated")
-    return int(info.get("size")), str(changes)
+    return int(info.get("size")), object_changes(info)
+
+
+def object_changes(info: dict) -> str:
+    """What changes when an object changes, from its info or listing entry:
+    GCS's generation, S3's ETag (or a modification time)."""
+    return str(info.get("generation") or info.get("ETag") or info.get("etag")
+               or info.get("mtime") or info.get("LastModified") or info.get("updated"))
 
 
 def identity(path) -> str:

@@ -3,7 +3,6 @@
 same commands). What they share: bad input is a one-line error."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -59,16 +58,6 @@ def report_library_messages() -> None:
         root.addHandler(handler)
     root.setLevel(logging.INFO)
     root.propagate = False  # absl puts a handler on the root logger: not twice
-
-
-def print_result(result: dict, out: str | None = None) -> None:
-    """Print a result as one JSON line; with `out`, also append it there."""
-    line = json.dumps(result)
-    if out:
-        from elmo_jax.files import append_line
-
-        append_line(out, line)
-    print(line)
 
 
 COMMANDS = {"train": "train", "eval": "train", "export": "train", "vocab": "train",
