@@ -97,10 +97,26 @@ def trim_padding(char_ids: np.ndarray, widest_filter: int, multiple: int = 8) ->
 
 def batch_to_char_ids(sentences: Sequence[Sequence[str]], max_chars: int = MAX_CHARS,
                       min_length: int = 0) -> np.ndarray:
-    """[B, T, max_chars] int32 character ids; T = max(longest sentence, min_length).
+    """Character ids of a batch of tokenised sentences (bilm-tf's and AllenNLP's
+    ids: each token's UTF-8 bytes + 1 between begin- and end-of-word marks).
 
-    Sentences shorter than T are padded with all-zero tokens. An empty sentence
-    is allowed (an all-padding row); an empty batch is not."""
+    Args:
+        sentences: B sentences, each a list of token strings. An empty
+            sentence is allowed (an all-padding row); an empty batch is not.
+        max_chars: C, characters per token (longer tokens are cut, keeping
+            their end mark); the model's `max_characters_per_token`.
+        min_length: the fewest token positions T (pads short batches to a
+            fixed shape).
+
+    Returns:
+        [B, T, C] int32, T = max(longest sentence, min_length); sentences
+        shorter than T end in all-zero tokens.
+
+    Raises:
+        TypeError: not a list of lists of strings (a sentence given as a str).
+        ValueError: an empty batch, an empty token, or text that is not valid
+            Unicode; names the sentence and token.
+    """
     if isinstance(sentences, str) or not isinstance(sentences, Sequence):
         raise TypeError("batch_to_char_ids takes a list of sentences, each a list of token "
                         f"strings; got {type(sentences).__name__}")

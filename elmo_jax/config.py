@@ -38,39 +38,68 @@ class ConfigError(UserError, ValueError):
 class TrainConfig:
     """How to train (the "train" section). bilm-tf's own training fields
     (batch_size, unroll_steps, n_negative_samples_batch, dropout,
-    all_clip_norm_val, n_epochs, n_train_tokens) stay in the model options."""
+    all_clip_norm_val, n_epochs, n_train_tokens) stay in the model options.
+
+    Attributes:
+        learning_rate: Adagrad's (bilm-tf's 0.2).
+        initial_accumulator_value: Adagrad's (bilm-tf's 1.0).
+        scale_loss_by_unroll_steps: the gradient of loss * unroll_steps, as
+            bilm-tf's compute_gradients.
+        seed: the parameters' initialisation and the batches' order.
+        max_steps: the run's steps; None: n_epochs over n_train_tokens.
+        max_seconds: stop (and checkpoint) after this wall time.
+        log_every: steps between metrics records (metrics.jsonl, TensorBoard).
+        eval_every: steps between held-out evaluations; 0: at the end only.
+        checkpoint_every: steps between checkpoints.
+        checkpoint_every_seconds: also save after this much wall time.
+        max_to_keep: the newest checkpoints kept.
+        async_checkpoints: files written while training goes on; None: on
+            accelerators only (checkpoints.py).
+        nonfinite_skips: a non-finite loss goes back to the last checkpoint
+            and past the batch, this many times a run.
+        eval_batch_size: rows of an evaluation batch.
+        eval_unroll_steps: tokens per row of an evaluation batch.
+        mesh_model: devices on the mesh's `model` axis (softmax rows split);
+            0: chosen by the vocabulary's size.
+        softmax: "sampled" (bilm-tf's) or "full": train on the exact softmax.
+        softmax_init: "unigram": the biases start at the sampler's Zipf law;
+            "bilm-tf": at 0 (steps.init_softmax).
+        softmax_chunk: vocabulary rows per chunk of the full softmax.
+        input_workers: > 0: batches made ahead in this many processes.
+        decide_every: with several processes, steps between looking up an
+            agreed stop or timed save (pod.Decisions).
+        transfer_guard: device-to-host transfers between log and save steps:
+            "disallow" makes a hidden sync an error.
+        profile_steps: "A:B": a jax.profiler trace of steps A..B in
+            WORKDIR/tensorboard.
+        scan_unroll: the LSTMs' `lax.scan` unroll.
+        compute_dtype: "bfloat16": bf16 matmuls, float32 state and optimizer.
+    """
     learning_rate: float = 0.2
     initial_accumulator_value: float = 1.0
-    scale_loss_by_unroll_steps: bool = True   # bilm-tf: compute_gradients(loss * unroll_steps)
+    scale_loss_by_unroll_steps: bool = True
     seed: int = 0
-    max_steps: int | None = None              # default: n_epochs over n_train_tokens
-    max_seconds: float | None = None          # stop (and checkpoint) after this wall time
+    max_steps: int | None = None
+    max_seconds: float | None = None
     log_every: int = 20
-    eval_every: int = 0                       # 0: evaluate at the end only
+    eval_every: int = 0
     checkpoint_every: int = 500
-    checkpoint_every_seconds: float | None = 1800.0  # also save after this much wall time
+    checkpoint_every_seconds: float | None = 1800.0
     max_to_keep: int = 3
-    async_checkpoints: bool | None = None     # files written while training goes on;
-                                              # None: on accelerators only (checkpoints.py)
-    nonfinite_skips: int = 3                  # a non-finite loss: back to the last checkpoint
-                                              # and past the batch, this many times a run
+    async_checkpoints: bool | None = None
+    nonfinite_skips: int = 3
     eval_batch_size: int = 32
     eval_unroll_steps: int = 20
-    mesh_model: int = 0                       # devices on the `model` axis (softmax rows split);
-                                              # 0: chosen by the vocabulary's size
-    softmax: str = "sampled"                  # "full": train on the exact softmax
-    softmax_init: str = "unigram"             # biases start at the sampler's Zipf law;
-                                              # "bilm-tf": at 0 (see steps.init_softmax)
-    softmax_chunk: int = 16384                # vocabulary rows per chunk of the full softmax
-    input_workers: int = 0                    # > 0: batches made ahead in this many processes
-    decide_every: int = 10                    # several processes: steps between looking up
-                                              # an agreed stop or timed save (pod.Decisions)
-    transfer_guard: str = "allow"             # device-to-host transfers between log and save
-                                              # steps: "disallow" makes a hidden sync an error
-    profile_steps: str | None = None          # "A:B": a jax.profiler trace of steps A..B
-                                              # in WORKDIR/tensorboard
+    mesh_model: int = 0
+    softmax: str = "sampled"
+    softmax_init: str = "unigram"
+    softmax_chunk: int = 16384
+    input_workers: int = 0
+    decide_every: int = 10
+    transfer_guard: str = "allow"
+    profile_steps: str | None = None
     scan_unroll: int = 1
-    compute_dtype: str = "float32"            # "bfloat16": bf16 matmuls, f32 state
+    compute_dtype: str = "float32"
 
     @property
     def dtype(self):
@@ -79,13 +108,25 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """What to train on (the "data" section)."""
-    train_files: str | None = None            # glob of sentence-per-line text files
-    vocab_file: str | None = None             # bilm-tf vocabulary
-    eval_files: str | None = None             # glob of held-out files for perplexity
-    source: str = "text"                      # "text" (train_files) or "lm1b" (TFDS)
-    init_from: str | None = None              # fine-tune: weights hdf5, export dir or workdir
-    tokenize: str | None = None               # "en" | "zh": raw lines segmented first (cached)
+    """What to train on (the "data" section).
+
+    Attributes:
+        train_files: a glob of sentence-per-line text files (local or in a
+            bucket), or a folder prepared by `train.py prepare`.
+        vocab_file: bilm-tf's vocabulary (one word a line, most frequent
+            first, with <S>, </S> and <UNK>).
+        eval_files: a glob of held-out files for perplexity.
+        source: "text" (train_files) or "lm1b" (the TFDS dataset).
+        init_from: fine-tune from a weights hdf5, an export folder or a
+            workdir.
+        tokenize: "en" | "zh": raw lines are segmented first (once, cached).
+    """
+    train_files: str | None = None
+    vocab_file: str | None = None
+    eval_files: str | None = None
+    source: str = "text"
+    init_from: str | None = None
+    tokenize: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,8 +324,21 @@ def config_path(name: str | os.PathLike) -> str:
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
-    """Read a config file (or a bare options.json, or a shipped config by name)
-    and apply `overrides`."""
+    """Read a run's config.
+
+    Args:
+        path: a config file, a bare bilm-tf options.json (default training
+            settings), or a shipped config's name ("tiny", "original").
+        overrides: "section.field=value" strings (`--set`), the value read
+            as JSON when it parses.
+
+    Returns:
+        The `Config`.
+
+    Raises:
+        ConfigError: a missing file, an unknown field or a value out of
+            range; every such line at once, each naming the file and field.
+    """
     path = config_path(path)
     d = read_json(path, "config file", ConfigError)
     try:

@@ -43,7 +43,25 @@ class Elmo:
     overlapping windows of `max_length` tokens (`windows`), each token taking
     its vectors from the window where it is furthest from an edge: memory
     stays bounded (a 44,000-token "sentence" works), and each token still sees
-    at least `max_length // 8` tokens of context on either side of it."""
+    at least `max_length // 8` tokens of context on either side of it.
+
+    Args:
+        params: the biLM's parameters (put on the default device once).
+        options: the model's `ElmoOptions`.
+        stateful: carry each batch row's LSTM state to the next call.
+        min_length_bucket: the shortest padded length.
+        cache_vocab: words whose token vectors are computed once up front.
+        pack: let the LSTMs skip the padding of shorter rows (stateless).
+        dtype: the matmuls' input dtype (bfloat16 on accelerators).
+        unroll: the LSTMs' `lax.scan` unroll.
+        lexicon: the dictionaries of a model that spells with them (and
+            only of such a model).
+        max_length: the longest stateless sentence embedded whole (>= 8).
+
+    Raises:
+        ValueError: a lexicon given to a UTF-8 model or missing from a
+            lexicon model; max_length < 8.
+    """
 
     def __init__(self, params: dict, options: ElmoOptions, stateful: bool = False,
                  min_length_bucket: int = 8, cache_vocab: Sequence[str] | None = None,
@@ -71,7 +89,16 @@ class Elmo:
     @classmethod
     def from_files(cls, options_json: str | os.PathLike, weights_hdf5: str | os.PathLike,
                    **kwargs) -> "Elmo":
-        """AllenNLP's pair of files (`stored.open_model(weights, options=...)`)."""
+        """From AllenNLP's pair of files, as its `Elmo(options_file, weight_file)`.
+
+        Args:
+            options_json: the options file (local, a bucket path or a URL).
+            weights_hdf5: the bilm-tf hdf5 weights file.
+            **kwargs: the constructor's settings (`stateful`, `dtype`, ...).
+
+        Returns:
+            An `Elmo` (`open_model(weights_hdf5, options_json)`).
+        """
         from elmo_jax.stored import open_model
 
         stored = open_model(weights_hdf5, options_json)
@@ -80,10 +107,24 @@ class Elmo:
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, options: str | os.PathLike | None = None,
                         **kwargs) -> "Elmo":
-        """From a registry name ("original", "manylangs-zhs": `elmo-jax models`),
-        a URL (a weights file's, with `options=` its options URL, or an
-        archive's), or a stored model (`stored.open_model`: an export folder, a
-        weights file, a training workdir, an ELMoForManyLangs folder)."""
+        """A published or stored model, by name, URL or path.
+
+        Args:
+            model: a registry name ("original", "manylangs-zhs": `elmo-jax
+                models`), a URL (a weights file's, or an archive's), or a
+                stored model (`open_model`: an export folder, a weights file, a
+                training workdir, an ELMoForManyLangs folder; local or in a
+                bucket).
+            options: the options file of a weights file or weights URL.
+            **kwargs: the constructor's settings (`stateful`, `dtype`, ...).
+
+        Returns:
+            An `Elmo` holding the model's parameters (and lexicon).
+
+        Raises:
+            UserError: an unknown name (with the near ones), a missing or
+                damaged file, weights that do not match their options.
+        """
         from elmo_jax.stored import open_model
 
         stored = open_model(model, options)
@@ -91,10 +132,18 @@ class Elmo:
 
 
     def reset_state(self) -> None:
+        """Forget the carried LSTM state (stateful use): the next batch starts
+        from zeros, as a new document would."""
         self.state = None
 
     def cache_tokens(self, words: Sequence[str], chunk: int = 1024) -> None:
-        """Precompute and keep the token vectors [len(words), P] of `words`."""
+        """Precompute and keep the token vectors of `words` (bilm-tf's
+        `dump_token_embeddings`): later batches take them from the cache.
+
+        Args:
+            words: the words (repeats and cached ones are skipped).
+            chunk: words through the character CNN at a time.
+        """
         words = [w for w in dict.fromkeys(words) if w not in self._cached]
         vectors = [self._encode(words[i:i + chunk]) for i in range(0, len(words), chunk)]
         for w in words:
@@ -103,8 +152,15 @@ class Elmo:
             self._cache = np.concatenate([self._cache] + vectors)
 
     def token_vectors(self, tokens: Sequence[str]) -> np.ndarray:
-        """[n, P] context-independent vectors: cached words from the cache, the
-        rest through the character CNN."""
+        """Context-independent token vectors: cached words from the cache, the
+        rest through the character CNN.
+
+        Args:
+            tokens: n token strings.
+
+        Returns:
+            [n, P] float32 numpy vectors.
+        """
         out = np.zeros((len(tokens), self.options.lstm.projection_dim), np.float32)
         misses = [i for i, t in enumerate(tokens) if t not in self._cached]
         hits = [i for i, t in enumerate(tokens) if t in self._cached]

@@ -38,8 +38,19 @@ class EmbedOutput(NamedTuple):
 
 
 def init_mix(options: ElmoOptions, n_mixes: int = 1) -> dict:
-    """Scalar-mix parameters for `n_mixes` mixes: weights [n_mixes, L+1] = 0
-    (so softmax gives equal weights) and gamma [n_mixes] = 1."""
+    """Scalar-mix parameters that start as an equal average of the layers.
+
+    Args:
+        options: the biLM's `ElmoOptions` (its L+1 output layers).
+        n_mixes: how many mixes (AllenNLP's num_output_representations).
+
+    Returns:
+        {"weights": [n_mixes, L+1] float32 zeros (softmax gives equal weights),
+        "gamma": [n_mixes] float32 ones}.
+
+    Raises:
+        ValueError: `n_mixes` < 1.
+    """
     if n_mixes < 1:
         raise ValueError(f"n_mixes must be >= 1, got {n_mixes}")
     return {"weights": jnp.zeros((n_mixes, options.n_output_layers), jnp.float32),
@@ -62,9 +73,19 @@ def mix_weights(mix: dict) -> jax.Array:
 
 
 def scalar_mix(layers: jax.Array, mask: jax.Array, mix: dict, layer_norm: bool = False):
-    """gamma * sum_k softmax(w)_k * layer_k for each mix.
+    """AllenNLP's ScalarMix: gamma * sum_k softmax(w)_k * layer_k, for each mix.
 
-    layers [K, B, T, W], mask [B, T] -> (tuple of [B, T, W], weights [n_mixes, K])."""
+    Args:
+        layers: [K, B, T, W] float, the layer stack (`EmbedOutput.layers`).
+        mask: [B, T] bool, True at real tokens (used by the layer norm).
+        mix: parameters from `init_mix` (weights [n_mixes, K], gamma [n_mixes]).
+        layer_norm: normalise each layer over its unmasked elements first
+            (AllenNLP's do_layer_norm).
+
+    Returns:
+        (a tuple of n_mixes [B, T, W] arrays, the weights [n_mixes, K] after
+        the softmax).
+    """
     weights = mix_weights(mix)
     if layer_norm:
         layers = jax.vmap(_layer_norm, in_axes=(0, None))(layers, mask)
@@ -83,8 +104,17 @@ _STATIC = ("options", "mix_layer_norm", "unroll", "dtype", "segments")
 
 
 def encode_tokens(params: dict, char_ids: jax.Array, options: ElmoOptions) -> jax.Array:
-    """[..., C] char ids -> [..., P] context-independent token vectors (the
-    char CNN, highway layers and projection: half of layer 0)."""
+    """Context-independent token vectors: the character CNN, the highway layers
+    and the projection (half of layer 0), without the LSTMs.
+
+    Args:
+        params: the biLM's parameters.
+        char_ids: [..., C] int32 character ids of tokens (`batch_to_char_ids`).
+        options: the model's `ElmoOptions` (static).
+
+    Returns:
+        [..., P] float32 token vectors (P = options.lstm.projection_dim).
+    """
     return _encode_tokens(params, char_ids, options.network())
 
 
@@ -165,11 +195,26 @@ def embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array, option
                         state: LSTMState | None = None, mix: dict | None = None, *,
                         mix_layer_norm: bool = False, unroll: int = 1,
                         dtype=jnp.float32, segments: tuple | None = None) -> EmbedOutput:
-    """`embed` from token vectors [B, T, P] (from `encode_tokens`, or a cache of
-    them) and mask [B, T] instead of char ids; same output.
+    """`embed` from token vectors instead of character ids: the same output.
 
-    segments: `model.packed_segments(lengths + 2)` for rows sorted by length,
-              longest first: the LSTMs then skip most padding (as AllenNLP does)."""
+    Args:
+        params: the biLM's parameters.
+        tokens: [B, T, P] float token vectors (from `encode_tokens`, or a cache
+            of them), zero or anything at padded positions.
+        mask: [B, T] bool, True at real tokens (each row's first tokens).
+        options: the model's `ElmoOptions` (static).
+        state: an LSTMState for B rows to continue from, or None (zeros).
+        mix: scalar-mix parameters from `init_mix`, or None.
+        mix_layer_norm: AllenNLP's do_layer_norm for the mix.
+        unroll: the `lax.scan` unroll of the LSTMs.
+        dtype: the matmuls' input dtype.
+        segments: `model.packed_segments(lengths + 2)` for rows sorted by
+            length, longest first: the LSTMs then skip most padding (as
+            AllenNLP does); None runs every row over all T.
+
+    Returns:
+        An `EmbedOutput`, as `embed`'s.
+    """
     options, dtype = _canonical(options, dtype)
     return _embed_token_vectors(params, tokens, mask, options, state, mix,
                                 mix_layer_norm=mix_layer_norm, unroll=unroll, dtype=dtype,

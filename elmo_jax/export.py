@@ -48,8 +48,22 @@ class Export(NamedTuple):
 def save_export(out_dir: str | os.PathLike, params: dict, options: ElmoOptions,
                 vocab: Vocabulary | None = None, softmax: dict | None = None,
                 lexicon: Lexicon | None = None) -> str:
-    """Write the folder (local or in a bucket); returns its path. Each file
-    appears whole or not at all."""
+    """Write an export folder (docs/formats/export.md): options.json,
+    weights.hdf5 and, when given, vocab.txt, softmax.hdf5 and the lexicon.
+    Each file appears whole or not at all.
+
+    Args:
+        out_dir: the folder (local or in a bucket).
+        params: the biLM parameters.
+        options: the model's `ElmoOptions`.
+        vocab: the softmax's vocabulary (its rows), or None.
+        softmax: {"w": [V, P], "b": [V]} float32, or None.
+        lexicon: the dictionaries of a model that spells with them (and
+            only of such a model).
+
+    Returns:
+        `out_dir`.
+    """
     out_dir = paths.check(out_dir)
     if (lexicon is not None) != (options.char_cnn.spelling == "lexicon"):
         raise LexiconError("a model that spells with a lexicon is exported with it, and "
@@ -112,7 +126,22 @@ def export_lexicon(opts: ElmoOptions, options_path: str, folder: str) -> Lexicon
 
 
 def load_export(path: str | os.PathLike, options: str | os.PathLike | None = None) -> Export:
-    """Read an export folder (or a weights file with its options)."""
+    """Read an export folder (or a weights file with its options).
+
+    Args:
+        path: an export folder, or a weights hdf5 file.
+        options: the options file of a weights file; None finds
+            options.json beside it.
+
+    Returns:
+        An `Export` (options, params, vocab, softmax, lexicon); vocab and
+        softmax are None when the folder has none.
+
+    Raises:
+        UserError: a missing or damaged file, weights that do not match the
+            options (a softmax that does not match the vocabulary is left
+            out, with a warning: the biLM still embeds).
+    """
     options_path, weights = export_files(path, options)
     opts = ElmoOptions.from_json(options_path)
     folder = os.path.dirname(weights)

@@ -56,8 +56,11 @@ def boundary_ids(max_chars: int, with_words: bool) -> np.ndarray:
 class Lexicon:
     """Character rows and word rows (see the module docstring).
 
-    chars: the characters of rows 7, 8, ... in order; words: the words of rows
-    5, 6, ..., or None for a model without a word embedding."""
+    Args:
+        chars: the characters of rows 7, 8, ... in order.
+        words: the words of rows 5, 6, ..., or None for a model without a
+            word embedding.
+    """
 
     def __init__(self, chars: Sequence[str], words: Sequence[str] | None = None):
         self.chars = list(chars)

@@ -39,16 +39,29 @@ from elmo_jax.shapes import round_up
 
 
 class LSTMState(NamedTuple):
-    """Recurrent state after the last real position of each row.
+    """Recurrent state after the last real position of each row (a pytree).
 
-    h: [L, 2, B, P] projected outputs (clipped); c: [L, 2, B, D] cells (clipped).
-    Axis 1 is the direction: 0 forward, 1 backward."""
+    Axis 1 is the direction: 0 forward, 1 backward.
+
+    Attributes:
+        h: [L, 2, B, P] float32 projected outputs (clipped).
+        c: [L, 2, B, D] float32 cells (clipped).
+    """
     h: jax.Array
     c: jax.Array
 
 
 def init_state(options: ElmoOptions, batch_size: int, dtype=jnp.float32) -> LSTMState:
-    """A zero LSTMState for `batch_size` rows."""
+    """The state a sentence starts from: zeros.
+
+    Args:
+        options: the biLM's `ElmoOptions` (L layers, D cells, P projection).
+        batch_size: B, the rows.
+        dtype: the arrays' dtype.
+
+    Returns:
+        An `LSTMState` of zeros: h [L, 2, B, P], c [L, 2, B, D].
+    """
     L, D, P = options.lstm.n_layers, options.lstm.dim, options.lstm.projection_dim
     return LSTMState(h=jnp.zeros((L, 2, batch_size, P), dtype),
                      c=jnp.zeros((L, 2, batch_size, D), dtype))
@@ -322,8 +335,17 @@ class BiLM(nn.Module):
 
 
 def init_params(options: ElmoOptions, rng: jax.Array) -> dict:
-    """Random biLM parameters initialised as bilm-tf does (row 0 of the char
-    embedding, the padding id, is zero)."""
+    """Random biLM parameters, initialised as bilm-tf does.
+
+    Args:
+        options: the biLM's `ElmoOptions`.
+        rng: a `jax.random` key.
+
+    Returns:
+        The parameter pytree (`embed`'s `params`; the names of
+        docs/formats/export.md); row 0 of the character embedding, the
+        padding id, is zero.
+    """
     ids = jnp.zeros((2, 1, 1, options.char_cnn.ids_per_token), jnp.int32)
     params = BiLM(options).init(rng, ids, jnp.ones((1, 1), bool), init_state(options, 1))["params"]
     for name in ("char_embed", "word_embed"):  # row 0 is the padding token

@@ -83,16 +83,33 @@ class ElmoEmbedder(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, **kwargs) -> "ElmoEmbedder":
-        """From a registry name, a URL or a stored model (`stored.open_model`:
-        an export folder, a weights file with options.json beside it, a
-        training workdir, an ELMoForManyLangs folder)."""
+        """The module over a published or stored model, opened once, here
+        (`init` then reads no file).
+
+        Args:
+            model: a registry name, a URL or a stored model (`open_model`: an
+                export folder, a weights file with options.json beside it, a
+                training workdir, an ELMoForManyLangs folder).
+            **kwargs: the module's other attributes (`n_mixes`, `fine_tune`, ...).
+
+        Returns:
+            An `ElmoEmbedder` whose `weights` are the model's parameters.
+        """
         from elmo_jax.stored import open_model
 
         stored = open_model(model)  # opened once, here: init reads no file
         return cls(stored.options, weights=stored.params, lexicon=stored.lexicon, **kwargs)
 
     def char_ids(self, sentences: Sequence[Sequence[str]], min_length: int = 0):
-        """Token lists -> [B, T, ids per token] ids for this module."""
+        """The module's input for token lists (UTF-8 ids, or the lexicon's).
+
+        Args:
+            sentences: B token lists.
+            min_length: the fewest token positions T.
+
+        Returns:
+            [B, T, ids per token] int32 numpy ids.
+        """
         return _char_ids(self.options, self.lexicon, sentences, min_length)
 
     @nn.compact
@@ -124,7 +141,18 @@ def _char_ids(options: ElmoOptions, lexicon, sentences, min_length: int):
 
 def init_variables(module: ElmoEmbedder, rng: jax.Array, char_ids, bilm_params: dict) -> dict:
     """`module.init` with biLM weights already in memory (no file read, no
-    random biLM): {"params": the mix [+ "bilm"], "bilm": {"weights": ...}}."""
+    random biLM).
+
+    Args:
+        module: an `ElmoEmbedder`.
+        rng: a `jax.random` key for the mix's parameters.
+        char_ids: [B, T, C] int32 example input.
+        bilm_params: the biLM's parameters.
+
+    Returns:
+        The variables: {"params": the mix [+ "bilm" when fine-tuning],
+        "bilm": {"weights": ...} when frozen}.
+    """
     bilm = jax.tree.map(jnp.asarray, bilm_params)
     given = {"params": {"bilm": bilm}} if module.fine_tune else {"bilm": {"weights": bilm}}
     _, variables = module.apply(given, char_ids, mutable=True, rngs={"params": rng})
@@ -138,8 +166,21 @@ class BiLMWeights(nnx.Variable):
 
 class NnxElmoEmbedder(nnx.Module):
     """ElmoEmbedder in NNX: `NnxElmoEmbedder(options, bilm_params, rngs=nnx.Rngs(0))`,
-    called as `embedder(char_ids)` -> (mixes, mask). `model.eval()` turns the
-    dropout off."""
+    called as `embedder(char_ids)` -> (a tuple of n_mixes [B, T, 2P] mixes,
+    the mask [B, T]). `model.eval()` turns the dropout off.
+
+    Args:
+        options: the biLM's `ElmoOptions`.
+        bilm_params: the biLM's parameters (`open_model(...).params`).
+        n_mixes: how many scalar mixes.
+        layer_norm: AllenNLP's do_layer_norm.
+        dropout: on each mix.
+        fine_tune: the biLM weights are `nnx.Param` and train; else they
+            are `BiLMWeights`, which optimizers over parameters leave alone.
+        dtype: the matmul dtype of the biLM.
+        lexicon: the dictionaries of a model that spells tokens with them.
+        rngs: the `nnx.Rngs` for the dropout.
+    """
 
     def __init__(self, options: ElmoOptions, bilm_params: dict, *, n_mixes: int = 1,
                  layer_norm: bool = False, dropout: float = 0.5, fine_tune: bool = False,
@@ -156,14 +197,31 @@ class NnxElmoEmbedder(nnx.Module):
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, *, rngs: nnx.Rngs, **kwargs):
-        """From a registry name, a URL or a stored model (`stored.open_model`)."""
+        """The module over a published or stored model.
+
+        Args:
+            model: a registry name, a URL or a stored model (`open_model`).
+            rngs: the `nnx.Rngs` for the dropout.
+            **kwargs: the constructor's other arguments (`n_mixes`, ...).
+
+        Returns:
+            An `NnxElmoEmbedder`.
+        """
         from elmo_jax.stored import open_model
 
         stored = open_model(model)
         return cls(stored.options, stored.params, lexicon=stored.lexicon, rngs=rngs, **kwargs)
 
     def char_ids(self, sentences: Sequence[Sequence[str]], min_length: int = 0):
-        """Token lists -> [B, T, ids per token] ids for this module."""
+        """The module's input for token lists (UTF-8 ids, or the lexicon's).
+
+        Args:
+            sentences: B token lists.
+            min_length: the fewest token positions T.
+
+        Returns:
+            [B, T, ids per token] int32 numpy ids.
+        """
         return _char_ids(self.options, self.lexicon, sentences, min_length)
 
     def __call__(self, char_ids, deterministic: bool | None = None):

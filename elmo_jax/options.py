@@ -41,6 +41,19 @@ class OptionsError(UserError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class LSTMOptions:
+    """The "lstm" section: each direction's stack of LSTMs with projection.
+
+    Attributes:
+        dim: D, the cells of each LSTM.
+        projection_dim: P, each LSTM's output after its projection (and the
+            token vectors' width).
+        n_layers: L, LSTM layers per direction.
+        cell_clip: the cells are clipped to [-cell_clip, cell_clip]; None:
+            not clipped.
+        proj_clip: the projections likewise.
+        use_skip_connections: the residual connection from layer 1's input
+            to its output (between layer 1 and layer 2), as bilm-tf's.
+    """
     dim: int = 4096
     projection_dim: int = 512
     n_layers: int = 2
@@ -51,16 +64,30 @@ class LSTMOptions:
 
 @dataclasses.dataclass(frozen=True)
 class CharCNNOptions:
+    """The "char_cnn" section: the token encoder.
+
+    Attributes:
+        activation: the convolutions' ("relu" or "tanh").
+        embedding_dim: each character's vector ("embedding": {"dim": ...}
+            in the JSON).
+        filters: (width, count) of each convolution.
+        n_highway: highway layers after the max over positions.
+        n_characters: rows of the character table: 261 (training files)
+            or 262 (inference files) for UTF-8 spelling, the same table.
+        max_characters_per_token: C, ids per token, the marks included.
+        spelling: "utf8": bilm-tf's UTF-8 bytes; "lexicon": characters
+            looked up in a dictionary (ELMoForManyLangs, `lexicon.py`).
+        word_dim: > 0: a word table of n_words rows, read beside the
+            characters (a lexicon model).
+        n_words: that table's rows.
+    """
     activation: str = "relu"
-    embedding_dim: int = 16  # "embedding": {"dim": ...} in the JSON
+    embedding_dim: int = 16
     filters: tuple[tuple[int, int], ...] = (
         (1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
     n_highway: int = 2
     n_characters: int = 262
     max_characters_per_token: int = 50
-    # "utf8": bilm-tf's UTF-8 bytes (n_characters 261/262). "lexicon": characters
-    # looked up in a dictionary (ELMoForManyLangs, `lexicon.py`): n_characters
-    # rows, and with word_dim > 0 a word table of n_words rows read beside them.
     spelling: str = "utf8"
     word_dim: int = 0
     n_words: int = 0
@@ -91,7 +118,29 @@ class ElmoOptions:
     JSON (`options.lstm.dim`); training fields sit at the top level, and every
     one of them is used by training here. Top-level fields that bilm-tf does not
     know are named in one warning and kept, in order and JSON-encoded, in
-    `extra` so that a file round-trips."""
+    `extra` so that a file round-trips.
+
+    Attributes:
+        lstm: the `LSTMOptions`.
+        char_cnn: the `CharCNNOptions`.
+        bidirectional: must be true (a biLM).
+        dropout: training's dropout rate on each LSTM layer's input and the
+            top layer's output.
+        n_tokens_vocab: the softmax's rows (the vocabulary's words).
+        n_negative_samples_batch: negatives the sampled softmax draws per
+            step (log-uniform).
+        batch_size: rows a step, over all devices.
+        unroll_steps: tokens a row a step (truncated backpropagation; the
+            state carries over).
+        n_epochs: passes over the corpus (with n_train_tokens, the run's
+            steps when train.max_steps is None).
+        n_train_tokens: the corpus's tokens.
+        all_clip_norm_val: the gradients' global-norm clip.
+        learning_rate: bilm-tf's Adagrad rate; None: the config's
+            train.learning_rate.
+        sample_softmax: False: train with the full softmax; None: sampled.
+        extra: fields bilm-tf does not know, (name, JSON) pairs in order.
+    """
 
     lstm: LSTMOptions = LSTMOptions()
     char_cnn: CharCNNOptions = CharCNNOptions()
@@ -104,8 +153,8 @@ class ElmoOptions:
     n_epochs: int = 10
     n_train_tokens: int | None = None
     all_clip_norm_val: float = 10.0
-    learning_rate: float | None = None    # bilm-tf's Adagrad rate (None: the config's train one)
-    sample_softmax: bool | None = None    # False: train with the full softmax (None: sampled)
+    learning_rate: float | None = None
+    sample_softmax: bool | None = None
     extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
@@ -165,6 +214,18 @@ class ElmoOptions:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "ElmoOptions":
+        """Read bilm-tf's options.json.
+
+        Args:
+            path: the file (local or in a bucket).
+
+        Returns:
+            The `ElmoOptions` it states.
+
+        Raises:
+            OptionsError: a missing or unreadable file, or a field out of
+                range or of the wrong type; names the file and the field.
+        """
         d = read_json(path, "options file", OptionsError)
         try:
             return cls.from_dict(d)
@@ -172,6 +233,12 @@ class ElmoOptions:
             raise OptionsError(f"{path}: {e}") from None
 
     def to_json(self, path: str | os.PathLike) -> None:
+        """Write these options as bilm-tf's options.json (read back unchanged,
+        `extra` fields included; the file appears whole or not at all).
+
+        Args:
+            path: the file to write (local or in a bucket).
+        """
         write_json(path, self.to_dict())
 
     def replace(self, **changes) -> "ElmoOptions":
@@ -185,14 +252,26 @@ class ElmoOptions:
                                                          n_characters=INFERENCE_CHARACTERS))
 
     def network(self) -> "ElmoOptions":
-        """The network alone: its LSTM and character CNN as an inference file
-        states them (n_characters 262), every training field at its default.
-        The jit key of `embed` (two files of one network share one program)."""
+        """The network alone, the jit key of `embed` (two files of one network
+        share one program).
+
+        Returns:
+            `ElmoOptions` with this LSTM and character CNN as an inference
+            file states them (n_characters 262) and every training field at
+            its default.
+        """
         return ElmoOptions(lstm=self.lstm, char_cnn=self.for_inference().char_cnn)
 
     def same_model(self, other: "ElmoOptions") -> bool:
-        """True when both describe the same network (n_characters 261 and 262 are
-        the same table; training fields do not matter)."""
+        """Whether two options describe one network (weights of one fit the other).
+
+        Args:
+            other: the options to compare with.
+
+        Returns:
+            True when the LSTM and character CNN agree (n_characters 261 and
+            262 are the same table; training fields do not matter).
+        """
         return (self.lstm, self.for_inference().char_cnn) == (other.lstm,
                                                              other.for_inference().char_cnn)
 

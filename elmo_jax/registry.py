@@ -263,7 +263,13 @@ REGISTRY = {m.name: m for m in MODELS}
 
 
 def list_models() -> list[dict]:
-    """The registry as rows (what `elmo-jax models` prints)."""
+    """The published models `from_pretrained` knows (what `elmo-jax models` prints).
+
+    Returns:
+        One dict per model: name, family, language, data, params,
+        supported, files (role -> URLs), checks (role -> size and digests),
+        sources, inferred (what the sources do not state) and note.
+    """
     return [{"name": m.name, "family": m.family, "language": m.language, "data": m.data,
              "params": m.params or None, "supported": m.kind != "unsupported",
              "files": {f.role: list(f.urls) or [p.urls[0] for p in f.parts] for f in m.files},

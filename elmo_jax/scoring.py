@@ -70,9 +70,27 @@ def _record(tokens: int, forward: float, backward: float) -> dict:
 def score_sentences(params: dict, softmax: dict, options: ElmoOptions, vocab: Vocabulary,
                     sentences: Sequence[Sequence[str]], batch_size: int = 32,
                     stateful: bool = False) -> list[dict]:
-    """One record per sentence, in order: tokens, forward_logprob,
-    backward_logprob, logprob (their mean; natural log), and the perplexities
-    forward_ppl, backward_ppl, ppl (per prediction: tokens + 1 of them)."""
+    """Each sentence's log-probability under the biLM (the full softmax).
+
+    Args:
+        params: the biLM's parameters.
+        softmax: {"w": [V, P], "b": [V]}, the model's softmax.
+        options: the model's `ElmoOptions`.
+        vocab: the softmax's `Vocabulary` (V words; others are <UNK>).
+        sentences: token lists.
+        batch_size: sentences per batch (stateless).
+        stateful: carry the LSTM state from one sentence to the next (a
+            document, as bilm-tf trains), one sentence at a time.
+
+    Returns:
+        One dict per sentence, in order: tokens, forward_logprob,
+        backward_logprob, logprob (their mean; natural log), and the
+        perplexities forward_ppl, backward_ppl, ppl (per prediction: tokens
+        + 1 of them).
+
+    Raises:
+        ValueError: a softmax whose rows do not match the vocabulary.
+    """
     if softmax["w"].shape[0] != len(vocab):
         raise ValueError(f"the softmax has {softmax['w'].shape[0]} rows, the vocabulary "
                          f"{len(vocab)} words")

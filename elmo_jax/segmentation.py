@@ -36,7 +36,20 @@ _MOSES = None
 
 
 def tokenize(line: str, lang: str = "en") -> list[str]:
-    """The tokens of one line of raw text."""
+    """The tokens of one line of raw text (see the module docstring).
+
+    Args:
+        line: raw text, one sentence or line.
+        lang: "en" (the Moses tokeniser) or "zh" (jieba, the `elmo-jax[zh]`
+            extra).
+
+    Returns:
+        The tokens, [] for a blank line.
+
+    Raises:
+        ValueError: an unknown `lang`.
+        SegmentationError: jieba is not installed (for "zh").
+    """
     return tokenize_lines([line], lang)[0]
 
 

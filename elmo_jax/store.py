@@ -182,7 +182,15 @@ class EmbeddingStore:
     [n_i, 2P] for one layer or the mix; [L+1, 2P] / [2P] with sentence
     vectors), in the stored dtype; `store[a:b]` a list; iteration in line
     order. It is a random-access data source (grain's protocol: `__len__`,
-    `__getitem__`), and `batches` gives padded training batches."""
+    `__getitem__`), and `batches` gives padded training batches.
+
+    Args:
+        directory: a finished store on the local disk (`open_embeddings`
+            opens one anywhere).
+
+    Raises:
+        MissingFile: no store there.
+    """
 
     def __init__(self, directory: str):
         self.dir = directory
@@ -229,7 +237,14 @@ class EmbeddingStore:
         return chunk % N, (chunk // N) * K + i % K
 
     def length(self, i: int) -> int:
-        """The number of tokens of line i."""
+        """The number of tokens of a line, without reading its vectors.
+
+        Args:
+            i: the line (negative counts from the end).
+
+        Returns:
+            n_i.
+        """
         s, j = self._locate(self._index(i))
         return int(self._lengths[s][j])
 
@@ -258,12 +273,25 @@ class EmbeddingStore:
     def batches(self, batch_size: int, indices: Sequence[int] | None = None,
                 shuffle: bool = False, seed: int = 0, min_length: int = 8,
                 dtype=np.float32) -> Iterator[dict]:
-        """Padded batches of token rows, for training on stored vectors:
-        {"features": [B, T, *row_shape] (T a power of two >= the longest line,
-        so few shapes are compiled), "mask": [B, T] bool, "index": [B] the
-        lines (-1 for padding rows)}. The last batch is padded with empty rows
-        to `batch_size`. Lines in `indices` order (default all), shuffled per
-        `seed` when `shuffle`."""
+        """Padded batches of token rows, for training on stored vectors.
+
+        Args:
+            batch_size: B, lines a batch; the last batch is padded with
+                empty rows to B.
+            indices: the lines, in order (default all).
+            shuffle: shuffle them (per `seed`).
+            seed: the shuffle's seed.
+            min_length: the shortest T.
+            dtype: the features' dtype.
+
+        Yields:
+            {"features": [B, T] + row_shape (T a power of two >= the longest
+            line, so few shapes are compiled), "mask": [B, T] bool, "index":
+            [B] int, the lines (-1 for padding rows)}.
+
+        Raises:
+            StoreError: a store of sentence vectors (no tokens to batch).
+        """
         if self.spec["sentence_vectors"]:
             raise StoreError("a store of sentence vectors has no tokens to batch; index it "
                              "(store[i]) or stack it (np.stack(list(store)))")

@@ -42,15 +42,28 @@ CONFIG_FILE = "config.json"  # a training workdir's resolved config
 
 
 class StoredModel(NamedTuple):
+    """What `open_model` returns.
+
+    Attributes:
+        options: the model's `ElmoOptions`.
+        params: the biLM's parameters (numpy float32).
+        vocab: the softmax's words (a `vocab.Vocabulary`), where stored.
+        softmax: {"w": [V, P], "b": [V]} float32, where stored.
+        kind: "workdir", "export", "weights" or "manylangs".
+        step: a workdir's checkpoint step.
+        config: a workdir's resolved `Config`.
+        lexicon: the dictionaries of a model that spells with them.
+        path: where it was read from (a download: in the cache).
+    """
     options: ElmoOptions
-    params: dict                 # the biLM's parameters (numpy float32)
-    vocab: Vocabulary | None     # the softmax's words, where stored
-    softmax: dict | None         # {"w": [V, P], "b": [V]}, where stored
-    kind: str                    # "workdir", "export", "weights" or "manylangs"
-    step: int | None = None      # a workdir's checkpoint step
-    config: Config | None = None  # a workdir's resolved config
-    lexicon: Lexicon | None = None  # the dictionaries of a model that spells with them
-    path: str | None = None      # where it was read from (a download: in the cache)
+    params: dict
+    vocab: Vocabulary | None
+    softmax: dict | None
+    kind: str
+    step: int | None = None
+    config: Config | None = None
+    lexicon: Lexicon | None = None
+    path: str | None = None
 
 
 def is_workdir(path: str | os.PathLike) -> bool:

@@ -202,14 +202,38 @@ def _read_dataset(fh, path: str, name: str, shape: tuple) -> np.ndarray:
 
 
 def load_weights(path: str | os.PathLike, options: ElmoOptions) -> dict:
-    """A bilm-tf hdf5 file -> the biLM parameter tree (numpy float32 arrays)."""
+    """Read a bilm-tf hdf5 weights file (bilm-tf's dataset names).
+
+    Args:
+        path: the hdf5 file (local, in a bucket).
+        options: the model's `ElmoOptions`; every dataset's shape is checked
+            against them.
+
+    Returns:
+        The biLM parameter tree (numpy float32 arrays), `embed`'s `params`.
+
+    Raises:
+        WeightsError: a missing, damaged or truncated file, a missing dataset
+            or one whose shape does not match the options (named).
+    """
     return datasets_to_params(read_datasets(path, options), options)
 
 
 def save_weights(path: str | os.PathLike, params: dict, options: ElmoOptions) -> None:
-    """Write the biLM parameters (a tree as from `load_weights` or training; an
-    extra "softmax" entry is ignored) as a bilm-tf hdf5 file. The file appears
-    whole or not at all: it is written beside `path` and renamed into place."""
+    """Write biLM parameters as a bilm-tf hdf5 file (AllenNLP reads it).
+
+    The file appears whole or not at all: it is written beside `path` and
+    renamed into place.
+
+    Args:
+        path: the file to write (local or in a bucket).
+        params: a parameter tree as from `load_weights`, `init_params` or
+            training (an extra "softmax" entry is ignored).
+        options: the model's `ElmoOptions`.
+
+    Raises:
+        WeightsError: a parameter whose shape does not match the options.
+    """
     ds = params_to_datasets(params, options)
     for name, shape in expected_shapes(options).items():
         if ds[name].shape != shape:

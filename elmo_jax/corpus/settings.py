@@ -20,20 +20,38 @@ OUTPUTS = ("layers", "layer", "mix")
 
 @dataclasses.dataclass(frozen=True)
 class CorpusSettings:
-    """How a corpus is embedded and stored (the `embed` command's flags)."""
-    output: str = "layers"            # "layers" (all), "layer" (one), "mix"
+    """How a corpus is embedded and stored (the `embed` command's flags).
+
+    Attributes:
+        output: what a token's row holds: "layers" (all, [L+1, 2P]),
+            "layer" (one, [2P]) or "mix" ([2P]).
+        layer: the layer of output="layer".
+        mix_weights: the L+1 raw scalars of output="mix" (softmax-normalised).
+        gamma: the mix's scale.
+        sentence_vectors: store each line's mean over its tokens instead.
+        dtype: the stored dtype: float32, float16 or bfloat16.
+        compute_dtype: the matmuls' input dtype (bfloat16 on accelerators).
+        batch_tokens: rows x length of every batch shape.
+        max_rows: at most this many rows a batch.
+        max_length: longer lines go in overlapping windows of this many tokens.
+        chunk_lines: lines a chunk (the unit of resuming).
+        tokenize: None (tokens split by spaces), "en" or "zh".
+        on_bad_line: a line that is not UTF-8: "error" or "skip" (stored
+            empty, and counted).
+    """
+    output: str = "layers"
     layer: int | None = None
-    mix_weights: tuple | None = None  # raw scalars, softmax-normalised
+    mix_weights: tuple | None = None
     gamma: float = 1.0
-    sentence_vectors: bool = False    # store each line's mean over its tokens
-    dtype: str = "float32"            # stored: float32, float16, bfloat16
-    compute_dtype: str = "float32"    # the matmuls' input dtype (bfloat16 on accelerators)
-    batch_tokens: int = 4096          # rows x length of every batch shape
-    max_rows: int | None = None       # at most this many rows a batch
-    max_length: int = 512             # longer lines go in overlapping windows
-    chunk_lines: int = 4096           # lines a chunk (the unit of resuming)
-    tokenize: str | None = None       # None (pre-tokenised), "en" or "zh"
-    on_bad_line: str = "error"        # a line that is not UTF-8: "error" or "skip"
+    sentence_vectors: bool = False
+    dtype: str = "float32"
+    compute_dtype: str = "float32"
+    batch_tokens: int = 4096
+    max_rows: int | None = None
+    max_length: int = 512
+    chunk_lines: int = 4096
+    tokenize: str | None = None
+    on_bad_line: str = "error"
 
     def check(self, options: ElmoOptions) -> None:
         K = options.n_output_layers

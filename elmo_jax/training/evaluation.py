@@ -120,7 +120,17 @@ def _held_out(eval_files: str, vocab: Vocabulary, max_chars: int, lexicon=None):
 
 
 def evaluate_workdir(workdir: str, eval_files: str) -> dict:
-    """Held-out perplexity of the newest checkpoint in `workdir`."""
+    """Held-out perplexity of the newest checkpoint in `workdir` (the full
+    softmax; `train.py evaluate`).
+
+    Args:
+        workdir: a training workdir (local or in a bucket).
+        eval_files: a glob of held-out text files, one sentence per line.
+
+    Returns:
+        {"step", "eval_ppl", "eval_ppl_forward", "eval_ppl_backward",
+        "eval_tokens"}.
+    """
     run = open_model(workdir)
     params = {"bilm": run.params, "softmax": pad_softmax(run.softmax, len(run.vocab))}
     return {"step": run.step,

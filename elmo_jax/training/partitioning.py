@@ -198,8 +198,21 @@ class TrainStep(NamedTuple):
 
 def create_train_step(options: ElmoOptions, config: TrainConfig, vocab_size: int,
                       mesh: Mesh) -> TrainStep:
-    """The jitted train step over `mesh` for `options.batch_size` global rows
-    (see `check_divisible` for what the mesh must divide)."""
+    """The jitted train step over `mesh` for `options.batch_size` global rows.
+
+    Args:
+        options: the model's `ElmoOptions` (batch_size, unroll_steps,
+            negatives, clipping).
+        config: the `TrainConfig` (learning rate, softmax, dtype).
+        vocab_size: the softmax's rows.
+        mesh: a `Mesh` with "data" and "model" axes (`check_divisible` says
+            what it must divide).
+
+    Returns:
+        A `TrainStep`: `step(state, batch) -> (state, metrics)` (donates the
+        state), `init(bilm, softmax)` -> the sharded state, and the state's
+        abstract shapes and shardings (for restoring).
+    """
     abstract = jax.eval_shape(lambda: init_train_state(options, config, vocab_size))
     shardings = state_shardings(abstract, mesh)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),

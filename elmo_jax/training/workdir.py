@@ -106,8 +106,16 @@ def run_lexicon(workdir: str, options, pretrained: StoredModel | None):
 
 
 def export(workdir: str, out_dir: str) -> dict:
-    """The newest checkpoint as an export folder (`export.py`): bilm-tf's /
-    AllenNLP's format, with the vocabulary and the softmax (for scoring)."""
+    """The newest checkpoint as an export folder (`train.py export`): bilm-tf's
+    and AllenNLP's format, with the vocabulary and the softmax (for scoring).
+
+    Args:
+        workdir: a training workdir (local or in a bucket).
+        out_dir: the export folder to write (local or in a bucket).
+
+    Returns:
+        {"step": the checkpoint's step, "out_dir": out_dir}.
+    """
     run = open_model(workdir)
     export_lib.save_export(out_dir, run.params, run.options, run.vocab, softmax=run.softmax,
                            lexicon=run.lexicon)
