@@ -1,7 +1,9 @@
 """Sphinx configuration of the elmo-jax site (`make docs`: offline, warnings
 are errors). Pages are Markdown (MyST); the API reference is generated from
 the docstrings (autodoc, Google style through napoleon); the commands'
-reference from their argparse parsers (`_ext/commands.py`)."""
+reference from their argparse parsers (`_ext/commands.py`); the quick-start
+notebook (`notebooks/`, linked as docs/notebooks) is executed by every build
+(myst-nb), and a cell that fails fails the build."""
 import os
 import sys
 
@@ -13,10 +15,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 project = "elmo-jax"
 author = "the elmo-jax authors"
 copyright = "2026, the elmo-jax authors"
-extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "commands",
+extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "commands",
               "registry_table"]
-source_suffix = {".md": "markdown"}
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "notebooks/.ipynb_checkpoints"]
+nb_execution_mode = "force"  # run at every build: the page cannot drift from the code
+nb_execution_timeout = 600
+nb_execution_show_tb = True  # a failing cell: a warning with its traceback, an error under -W
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
 autodoc_member_order = "bysource"

@@ -2,9 +2,11 @@
 blocks of README.md and of every page under docs/ are run in order (`DOCS`)
 in one sandbox; ```sh blocks (several hosts, accelerators) have their
 scripts and flags checked against --help; ```gcs blocks run against the GCS
-emulator; make targets exist. The site builds with no warning and names
-every public name in its API reference."""
+emulator; make targets exist. The site builds with no warning, names
+every public name in its API reference, and executes the quick-start
+notebook (notebooks/quickstart.ipynb) as it builds."""
 import functools
+import html
 import os
 import re
 import shlex
@@ -102,6 +104,12 @@ def test_the_site_builds_with_no_warning_and_references_every_public_name(tmp_pa
     page = (tmp_path / "html" / "reference" / "commands.html").read_text(encoding="utf-8")
     for flag in ("--train_files", "--workdir", "--sentence_vectors", "--eval_files"):
         assert flag in page, flag  # the commands' flags, from their parsers
+    # the quick-start notebook, executed by the build (a failing cell fails it)
+    page = html.unescape(re.sub(r"<[^>]+>", "", (tmp_path / "html" / "notebooks" /
+                                                  "quickstart.html").read_text("utf-8")))
+    assert "layer 0: cosine of the two 'bank's = 1.000" in page  # one vector for both senses
+    assert "learned layer weights:" in page and "plotted 3 layer weights" in page
+    assert "Traceback" not in page
 
 
 def test_sh_blocks_use_real_flags():
