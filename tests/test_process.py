@@ -1,7 +1,7 @@
 """The library leaves the process as it found it: training twice in one
 Python process (a notebook) works, and afterwards the signal handlers, jax's
-config, the umask, orbax's handlers, TensorStore's defaults and the log
-levels are what they were. What does change a process belongs to the commands
+config, the umask, orbax's handlers, TensorStore's defaults, JAX's
+monitoring listeners and the log levels are what they were. What does change a process belongs to the commands
 (`cli/`), and the private APIs they use are those of the installed versions."""
 import inspect
 import json
@@ -16,7 +16,7 @@ from conftest import REPO, write_grammar_corpus
 _TWICE = r"""
 import json, logging, os, signal, sys
 import jax, orbax.checkpoint as ocp
-from jax._src import cache_key
+from jax._src import cache_key, monitoring
 from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 
 def umask():
@@ -31,7 +31,10 @@ def snapshot(loggers):
             "jax cache key": id(cache_key._hash_accelerator_config),
             "tensorstore contexts": repr(ts_utils._BASE_TS_CONTEXT),
             "log levels": {n: logging.getLogger(n).level for n in loggers},
-            "root handlers": len(logging.getLogger().handlers)}
+            "root handlers": len(logging.getLogger().handlers),
+            "jax monitoring listeners": [len(getattr(monitoring, n)) for n in (
+                "_event_listeners", "_event_duration_secs_listeners",
+                "_event_time_span_listeners", "_scalar_listeners")]}
 
 loggers = [""] + [n for n, l in logging.root.manager.loggerDict.items()
                   if isinstance(l, logging.Logger)]

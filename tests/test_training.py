@@ -526,6 +526,29 @@ def test_the_progress_bar_leaves_out_start_up():
     bar.close()
 
 
+def test_compile_count_sees_programs_compiled_after_step_1_and_then_lets_go():
+    """`compiled_since_step_1` counts XLA compilations from step 1 on, through
+    a JAX monitoring listener that `close` removes."""
+    from jax._src import monitoring
+
+    from elmo_jax.training.reporting import CompileCount
+
+    listeners = len(monitoring._event_duration_secs_listeners)
+    compiles = CompileCount()
+    jax.jit(lambda x: x * 3.0)(np.ones(3, np.float32))  # before step 1: not counted
+    assert compiles.since_step_1() == {}
+    compiles.step_dispatched()
+    jax.jit(lambda x: x - 7.0)(np.ones(5, np.float32))  # a new program after step 1
+    f = jax.jit(lambda x: x + 1.0)
+    f(np.ones(4, np.float32))
+    f(np.ones(4, np.float32))  # the same program again: no compilation
+    assert compiles.since_step_1() == {"compiled_since_step_1": 2}
+    compiles.close()
+    assert len(monitoring._event_duration_secs_listeners) == listeners
+    jax.jit(lambda x: x / 9.0)(np.ones(6, np.float32))
+    assert compiles.since_step_1() == {"compiled_since_step_1": 2}  # no longer listening
+
+
 def test_metrics_also_go_to_tensorboard_and_a_profile_on_request(tmp_path):
     files = write_grammar_corpus(tmp_path / "data")
     run(tiny(max_steps=4, log_every=2, profile_steps="2:3"), files["train.txt"],

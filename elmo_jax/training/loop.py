@@ -432,4 +432,5 @@ def _loop(run: _Run, state, count: int, stops: StopPolicy, last_saved: int | Non
         profile.close()
         feeder.close()
         bar.close()
+        compiles.close()
     return last

@@ -13,33 +13,35 @@ import jax
 from elmo_jax import copies, paths
 from elmo_jax.config import profile_window
 
-_COMPILED = [0]  # programs XLA compiled in this process (JAX's monitoring events)
-
-
-def _count_compile(event: str, duration: float, **kwargs) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
-        _COMPILED[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compile)
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # XLA compiled a program
 
 
 class CompileCount:
     """Programs compiled since step 1 was dispatched: a program compiled then
-    stalls the devices (`compiled_since_step_1`, 0 in a healthy run)."""
+    stalls the devices (`compiled_since_step_1`, 0 in a healthy run). Counted
+    through JAX's monitoring events by a listener that lives from here to
+    `close` (the process keeps no listener of ours after the run)."""
 
     def __init__(self):
-        self.before: int | None = None
+        self.compiled, self.before = 0, None
+        jax.monitoring.register_event_duration_secs_listener(self._event)
+
+    def _event(self, event: str, duration: float, **kwargs) -> None:
+        if event == COMPILE_EVENT:
+            self.compiled += 1
 
     def step_dispatched(self) -> None:
         if self.before is None:
-            self.before = _COMPILED[0]
+            self.before = self.compiled
 
     def since_step_1(self) -> dict:
         """{"compiled_since_step_1": n} once step 1 is dispatched, else {}."""
         if self.before is None:
             return {}
-        return {"compiled_since_step_1": _COMPILED[0] - self.before}
+        return {"compiled_since_step_1": self.compiled - self.before}
+
+    def close(self) -> None:
+        jax.monitoring.unregister_event_duration_listener(self._event)
 
 
 def say(message: str) -> None:
