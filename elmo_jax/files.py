@@ -74,9 +74,12 @@ def atomic_path(path: str | os.PathLike):
 
 
 def create_exclusively(path: str, text: str) -> bool:
-    """Write `text` as the new local file `path`, whole, unless a file is
-    there already (then False): a temporary file beside it is linked into
-    place, and a link, unlike a rename, fails where a file is."""
+    """Write `text` as the new file or object `path`, whole, unless one is
+    there already (then False). Locally a temporary file beside it is linked
+    into place (a link, unlike a rename, fails where a file is); in a bucket
+    the service refuses the second (`paths.create_new`)."""
+    if paths.is_remote(path):
+        return paths.create_new(path, text.encode("utf-8"))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
                                dir=os.path.dirname(os.path.abspath(path)))
     try:

@@ -232,6 +232,23 @@ def write_bytes(path: str, data: bytes) -> None:
     retry(pipe, path)
 
 
+def create_new(path: str, data: bytes) -> bool:
+    """`data` as the new object `path` unless one is there (then False): the
+    service checks, in one request (GCS: ifGenerationMatch=0, S3:
+    If-None-Match), so of two writers exactly one creates it. A retry after a
+    lost answer may find its own object: callers write what identifies them."""
+    fs = filesystem(path)
+
+    def pipe():
+        with storage_errors(path):
+            fs.pipe_file(path, data, mode="create")
+    try:
+        retry(pipe, path)
+        return True
+    except FileExistsError:
+        return False
+
+
 def version(path) -> tuple[int, str]:
     """(size, what changes when the file changes): a local file's mtime, an
     object's generation (or ETag), asked afresh (no listing cache)."""

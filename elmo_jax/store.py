@@ -123,9 +123,7 @@ def claim(directory: str, spec: StoreSpec) -> None:
         raise StoreError(f"{directory} is not empty and holds no {SPEC_FILE}: give an empty "
                          "or new folder as --output")
     try:
-        if paths.is_remote(directory):  # workers of one job upload the same object
-            write_json(path, spec.to_dict())
-        elif not create_exclusively(path, json.dumps(spec.to_dict(), indent=2) + "\n"):
+        if not create_exclusively(path, json.dumps(spec.to_dict(), indent=2) + "\n"):
             return _same_spec(directory, path, spec)  # another worker's came first
     except errors.StorageError:
         raise

@@ -429,3 +429,23 @@ def test_workers_starting_together_share_one_spec_and_never_overwrite_it(model, 
     with pytest.raises(StoreError, match="holds a store made differently.*chunk_lines: 7 -> 5"):
         embed_corpus(params, options, corpus["files"][:1], str(other), CorpusSettings(**SETTINGS))
     assert '"chunk_lines": 7' in (other / store_lib.SPEC_FILE).read_text()
+
+
+def test_in_a_bucket_a_spec_another_worker_wrote_first_is_compared_never_replaced(
+        model, corpus, bucket, monkeypatch):
+    """The same race in a bucket, where the service is what refuses the
+    second spec (`paths.create_new`): the job of other settings stops."""
+    from elmo_jax import files, paths
+
+    options, params = model
+    out = paths.join(bucket, "store")
+    real = files.create_exclusively
+
+    def another_worker_first(path, text):
+        real(path, text.replace('"chunk_lines": 5', '"chunk_lines": 7'))
+        return real(path, text)
+
+    monkeypatch.setattr(store_lib, "create_exclusively", another_worker_first)
+    with pytest.raises(StoreError, match="holds a store made differently.*chunk_lines: 7 -> 5"):
+        embed_corpus(params, options, corpus["files"][:1], out, CorpusSettings(**SETTINGS))
+    assert '"chunk_lines": 7' in paths.read_text(paths.join(out, store_lib.SPEC_FILE))
