@@ -42,7 +42,13 @@ def local_copy(path) -> str:
     path = paths.check(path)
     if not paths.is_remote(path):
         return path
-    key = hashlib.sha256(f"{path}\0{paths.identity(path)}".encode()).hexdigest()[:24]
+    return _cached_copy(path, paths.identity(path))
+
+
+def _cached_copy(path: str, identity: str) -> str:
+    """The local copy of the object `path` whose identity (size, generation)
+    is `identity`: downloaded unless the cache has it."""
+    key = hashlib.sha256(f"{path}\0{identity}".encode()).hexdigest()[:24]
     dest = os.path.join(local_cache_dir(), key, paths.basename(path))
     if os.path.exists(dest):
         return dest
@@ -75,17 +81,22 @@ def local_copy_tree(path) -> str:
         paths.bucket_checked(path, False)
         raise MissingFile(f"no files under {path}")
     root = path.split("://", 1)[1].rstrip("/") + "/"
-    entries = sorted((p[len(root):], f"{info.get('size')}-{paths.object_changes(info)}")
+    entries = sorted((p[len(root):], f"{int(info.get('size'))}-{paths.object_changes(info)}")
                      for p, info in found.items() if p.startswith(root))
     key = hashlib.sha256(repr((path, entries)).encode()).hexdigest()[:24]
     dest = os.path.join(local_cache_dir(), key, paths.basename(path))
     if not os.path.isdir(dest):
+        from concurrent.futures import ThreadPoolExecutor
+
         tmp = tempfile.mkdtemp(prefix=".download.", dir=_made(os.path.dirname(dest)))
-        try:
-            for rel, _ in entries:
+        try:  # the listing's identities: no second request per object
+            with ThreadPoolExecutor(8) as pool:
+                copies = list(pool.map(lambda e: _cached_copy(f"{name}://{root}{e[0]}", e[1]),
+                                       entries))
+            for (rel, _), copy in zip(entries, copies):
                 target = os.path.join(tmp, rel)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
-                shutil.copyfile(local_copy(f"{name}://{root}{rel}"), target)
+                shutil.copyfile(copy, target)
             os.replace(tmp, dest)
         except FileExistsError:  # another process made it meanwhile
             pass

@@ -82,6 +82,31 @@ def test_a_local_copy_is_made_once_and_again_when_the_object_changes(bucket, tmp
     assert second != first and open(second).read() == "two\n"
 
 
+def test_a_local_copy_of_a_prefix_is_one_listing_and_new_when_an_object_changes(
+        bucket, tmp_path, monkeypatch):
+    """`local_copy_tree`: the objects under a prefix in one local folder, each
+    downloaded by the identity its listing gave (no request per object to
+    ask it again), made again when any object changes."""
+    monkeypatch.setenv("ELMO_JAX_CACHE", str(tmp_path / "cache"))
+    prefix = paths.join(bucket, "export")
+    for name, text in (("options.json", "{}"), ("weights.hdf5", "w1"), ("sub/vocab.txt", "v")):
+        files.write_text(paths.join(prefix, name), text)
+
+    def asked_again(path):
+        raise AssertionError(f"asked {path}'s identity again")
+
+    with monkeypatch.context() as m:
+        m.setattr(paths, "identity", asked_again)
+        first = copies.local_copy_tree(prefix)
+    got = {os.path.relpath(os.path.join(d, f), first): open(os.path.join(d, f)).read()
+           for d, _, names in os.walk(first) for f in names}
+    assert got == {"options.json": "{}", "weights.hdf5": "w1", "sub/vocab.txt": "v"}
+    assert copies.local_copy_tree(prefix) == first
+    files.write_text(paths.join(prefix, "weights.hdf5"), "w2")
+    second = copies.local_copy_tree(prefix)
+    assert second != first and open(os.path.join(second, "weights.hdf5")).read() == "w2"
+
+
 def test_a_bucket_that_does_not_exist_is_named(bucket):
     missing = bucket.split("://")[0] + "://no-such-bucket-elmo-jax/run"
     with pytest.raises(errors.StorageError, match="bucket no-such-bucket-elmo-jax of .* does not exist"):
