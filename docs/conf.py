@@ -4,13 +4,25 @@ the docstrings (autodoc, Google style through napoleon); the commands'
 reference from their argparse parsers (`_ext/commands.py`); the quick-start
 notebook (`notebooks/`, linked as docs/notebooks) is executed by every build
 (myst-nb), and a cell that fails fails the build."""
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the checkout's elmo_jax
 sys.path.insert(0, os.path.join(HERE, "_ext"))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# the notebook's kernel gets an IPython profile of its own: the reader's
+# startup files and history stay out of the build, and the kernel's log keeps
+# to errors (its note on a kernel over local TCP is not the site's concern)
+_IPYTHON = tempfile.mkdtemp(prefix="elmo-jax-docs-ipython-")
+atexit.register(shutil.rmtree, _IPYTHON, True)
+os.makedirs(os.path.join(_IPYTHON, "profile_default"))
+with open(os.path.join(_IPYTHON, "profile_default", "ipython_kernel_config.py"), "w") as fh:
+    fh.write('c.IPKernelApp.log_level = "ERROR"\n')
+os.environ["IPYTHONDIR"] = _IPYTHON
 
 project = "elmo-jax"
 author = "the elmo-jax authors"
