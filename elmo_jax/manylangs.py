@@ -123,12 +123,6 @@ def _lexicon(folder: str):
     return options_for(config, lexicon, folder), lexicon, char_rows, word_rows
 
 
-def manylangs_spelling(folder: str | os.PathLike) -> tuple[ElmoOptions, Lexicon]:
-    """The options and lexicon of the model in an ELMoForManyLangs folder
-    (no weights read)."""
-    return _lexicon(os.fspath(folder))[:2]
-
-
 def read_manylangs(folder: str | os.PathLike) -> ManyLangsModel:
     """The model in an ELMoForManyLangs folder, as elmo-jax options, parameters
     and lexicon."""

@@ -30,10 +30,10 @@ from typing import NamedTuple
 from elmo_jax import checkpoints, paths
 from elmo_jax.checkpoints import CheckpointError
 from elmo_jax.config import Config, ConfigError, config_from_dict
-from elmo_jax.export import VOCAB_FILE, export_files, export_lexicon, load_export
+from elmo_jax.export import VOCAB_FILE, load_export
 from elmo_jax.hub import resolve
 from elmo_jax.lexicon import Lexicon
-from elmo_jax.manylangs import is_manylangs, manylangs_spelling, read_manylangs
+from elmo_jax.manylangs import is_manylangs, read_manylangs
 from elmo_jax.options import ElmoOptions
 from elmo_jax.softmax import unpad_softmax
 from elmo_jax.vocab import Vocabulary
@@ -82,22 +82,6 @@ def read_run(workdir: str) -> tuple[Config, Vocabulary]:
     except (ConfigError, ValueError) as e:
         raise CheckpointError(f"{path}: {e}") from None
     return config, Vocabulary.from_file(paths.join(workdir, VOCAB_FILE))
-
-
-def model_spelling(path: str | os.PathLike, options: str | os.PathLike | None = None
-                   ) -> tuple[ElmoOptions, Lexicon | None]:
-    """The options and lexicon (None for character spelling) of the model
-    stored at `path` (or named by it, as `open_model` takes it), without
-    reading its weights."""
-    path, options = resolve(path, options)
-    if is_manylangs(path):
-        return manylangs_spelling(path)
-    if is_workdir(path):
-        model = read_run(path)[0].model
-        return model, Lexicon.load(path) if model.char_cnn.spelling == "lexicon" else None
-    options_path, weights = export_files(path, options)
-    opts = ElmoOptions.from_json(options_path)
-    return opts, export_lexicon(opts, options_path, os.path.dirname(weights))
 
 
 def open_model(path: str | os.PathLike, options: str | os.PathLike | None = None,
