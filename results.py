@@ -97,13 +97,14 @@ def main():
     if "en" not in args.parts:
         return
 
-    from elmo_jax import datasets, training
-    from elmo_jax.elmo import Elmo
+    from elmo_jax import training
+    from elmo_jax.data import recipes
+    from elmo_jax.api.elmo import Elmo
     from elmo_jax.tasks import pos, wsd
 
     w = args.workdir
     os.makedirs(w, exist_ok=True)
-    rec = {n: datasets.prepare(n, args.cache_dir) for n in ("brown", "sotu", "wordnet")}
+    rec = {n: recipes.prepare(n, args.cache_dir) for n in ("brown", "sotu", "wordnet")}
     models = {}
     sotu_vocab = write_vocab(rec["sotu"]["train_files"], os.path.join(w, "vocab-sotu.txt"))
     models["sotu"] = cached(os.path.join(w, "model-sotu.json"), lambda: pretrain(
@@ -159,7 +160,7 @@ def main():
 
 def tagging_runs(pos_dir, export, runs, args, w, prefix, splits):
     """Tag with each (model name, mode) in `runs`; cached per run."""
-    from elmo_jax.stored import open_model
+    from elmo_jax.formats.stored_model import open_model
     from elmo_jax.tasks import pos
 
     out = []
@@ -185,15 +186,16 @@ def tagging_runs(pos_dir, export, runs, args, w, prefix, splits):
 def chinese(args) -> dict:
     """The Chinese rows: a tiny biLM on Chinese news + People's Daily, its
     perplexity beside the add-one unigram model's, and People's Daily tagging."""
-    from elmo_jax import datasets, training
+    from elmo_jax import training
+    from elmo_jax.data import recipes
     from elmo_jax.baselines import unigram_perplexity
-    from elmo_jax.datasets.common import link_shards
-    from elmo_jax.hub import DownloadError, resolve
+    from elmo_jax.data.recipes.common import link_shards
+    from elmo_jax.formats.hub import DownloadError, resolve
     from elmo_jax.tasks import pos
-    from elmo_jax.vocab import Vocabulary
+    from elmo_jax.core.vocab import Vocabulary
 
     w = args.workdir
-    rec = {n: datasets.prepare(n, args.cache_dir) for n in ("zh-news", "peoples-daily")}
+    rec = {n: recipes.prepare(n, args.cache_dir) for n in ("zh-news", "peoples-daily")}
     train_glob = link_shards({n: rec[n]["train_files"] for n in rec},
                              os.path.join(w, "zh-train"))
     vocab_file = write_vocab(train_glob, os.path.join(w, "vocab-zh.txt"))
@@ -322,7 +324,7 @@ def write_tables(out: dict, path: str) -> None:
 
 
 if __name__ == "__main__":
-    from elmo_jax.huge_pages import reexec_with_huge_pages  # before JAX loads
+    from elmo_jax.cli.huge_pages import reexec_with_huge_pages  # before JAX loads
 
     reexec_with_huge_pages()
     main()

@@ -106,10 +106,10 @@ def spread(xs: list[float]) -> str:
 
 def run_as_the_commands() -> None:
     """Give this elmo-jax process what the commands give theirs: huge pages for
-    XLA's buffers (elmo_jax/huge_pages.py; it executes the process again,
+    XLA's buffers (elmo_jax/cli/huge_pages.py; it executes the process again,
     once). Only in elmo-jax's own processes: never in a parent that starts the
     peers, which run as installed and would inherit the setting."""
-    from elmo_jax.huge_pages import reexec_with_huge_pages
+    from elmo_jax.cli.huge_pages import reexec_with_huge_pages
 
     reexec_with_huge_pages()
 

@@ -25,6 +25,6 @@ for dt in float32 bfloat16; do
 done
 $PY -m bench.floor --embed allennlp-tiny --json-out $R/floor_embed_tiny_float32.json
 # the same two rows with the peers also given glibc's huge pages (elmo-jax's commands set
-# them for themselves: elmo_jax/huge_pages.py): how much of the lead is that setting
+# them for themselves: elmo_jax/cli/huge_pages.py): how much of the lead is that setting
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $PY -m bench.embed --config allennlp-small --repeats 3 --json-out $R/embed_small_peer_tuned.json
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $PY -m bench.train --config bilm-tf-small --repeats 3 --json-out $R/train_small_peer_tuned.json

@@ -48,7 +48,7 @@ def _servers():
 def _state(config_name: str):
     import numpy as np
 
-    from elmo_jax.weights import datasets_to_params, expected_shapes
+    from elmo_jax.formats.weights import datasets_to_params, expected_shapes
 
     options = _common.load_config(config_name).model
     rng = np.random.default_rng(0)
@@ -69,7 +69,7 @@ def bench_checkpoint(config_name: str, where: dict, repeats: int) -> dict:
     import jax
     import orbax.checkpoint as ocp
 
-    from elmo_jax import checkpoints
+    from elmo_jax.formats import checkpoints
 
     tree, size = _state(config_name)
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
@@ -118,7 +118,7 @@ def _corpus_files(folder: str, mb: float) -> list[str]:
 
 
 def bench_corpus(bucket: str, mb: float, tmp: str) -> dict:
-    from elmo_jax import copies, paths
+    from elmo_jax.storage import copies, paths
     from elmo_jax.data.streams import TokenCorpus
 
     local_dir = os.path.join(tmp, "corpus")
@@ -148,7 +148,7 @@ def _store_model(name: str):
     import numpy as np
 
     import elmo_jax
-    from elmo_jax.weights import datasets_to_params, expected_shapes
+    from elmo_jax.formats.weights import datasets_to_params, expected_shapes
 
     if name == "fixture":
         fixtures = os.path.join(REPO, "tests", "fixtures", "bilm-tf")
@@ -165,7 +165,7 @@ def bench_store(bucket: str, lines: int, tmp: str, model: str = "fixture") -> di
     import numpy as np
 
     from elmo_jax.corpus import CorpusSettings, embed_corpus
-    from elmo_jax.store import local_store, open_embeddings
+    from elmo_jax.corpus.store import local_store, open_embeddings
 
     options, params = _store_model(model)
     sys.path.insert(0, os.path.join(REPO, "tests"))

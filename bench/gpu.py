@@ -115,7 +115,7 @@ def bench_embed(options, params, batch, dtype, seconds, length=27):
     import jax.numpy as jnp
     import numpy as np
 
-    from elmo_jax.embedding import _embed_token_vectors, embed_token_vectors, encode_tokens
+    from elmo_jax.core.embedding import _embed_token_vectors, embed_token_vectors, encode_tokens
 
     rng = np.random.default_rng(0)
     C = options.char_cnn.max_characters_per_token

@@ -36,7 +36,7 @@ VOCAB_SIZE = 10000
 
 def prepare_text(out_dir: str) -> dict:
     """train.txt, heldout.txt and vocab.txt from the peer's corpus (idempotent)."""
-    from elmo_jax.vocab import build_vocab, count_tokens
+    from elmo_jax.core.vocab import build_vocab, count_tokens
 
     src = os.path.join(_common.bilm_tf_data_dir(), "train.txt")
     if not os.path.exists(src):

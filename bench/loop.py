@@ -77,7 +77,7 @@ def stand_in_train_step(n: int):
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
-    from elmo_jax.softmax import ROWS
+    from elmo_jax.core.softmax import ROWS
     from elmo_jax.training import partitioning
 
     real = partitioning.create_train_step
@@ -165,7 +165,7 @@ def worker(args) -> dict:
                         "logs": logs})
         if attempt == "first" and not args.restart:
             break
-    from elmo_jax.vocab import Vocabulary
+    from elmo_jax.core.vocab import Vocabulary
 
     stand_in_ms = stand_in_alone_ms(config, Vocabulary.from_file(vocab_file))
     logs = records[0]["logs"]
@@ -189,7 +189,7 @@ def _corpus():
                          "(or its prepare_data.py)")
     vocab = os.path.join(tempfile.gettempdir(), "elmo-jax-bench-loop-vocab.txt")
     if not os.path.exists(vocab):
-        from elmo_jax.vocab import Vocabulary, read_word_list
+        from elmo_jax.core.vocab import Vocabulary, read_word_list
         Vocabulary(read_word_list(os.path.join(data, "vocab_full.txt"))[:10_000]).to_file(vocab)
     return corpus, vocab
 

@@ -59,8 +59,8 @@ def train_breakdown(name: str, dtype: str = "float32") -> dict:
     import jax.numpy as jnp
 
     from bench import train as bench_train
-    from elmo_jax.model import BiLM
-    from elmo_jax.softmax import sampled_softmax
+    from elmo_jax.core.bilm import BiLM
+    from elmo_jax.core.softmax import sampled_softmax
     from elmo_jax.training.steps import make_optimizer
 
     config, vocab, built, state, feed = bench_train.setup(name, dtype)
@@ -115,10 +115,10 @@ def embed_breakdown(config: str) -> dict:
     import numpy as np
 
     from elmo_jax import ElmoOptions, load_weights
-    from elmo_jax.chars import token_to_char_ids, trim_padding
-    from elmo_jax.embedding import embed_token_vectors, encode_tokens
-    from elmo_jax.model import packed_segments
-    from elmo_jax.shapes import round_up
+    from elmo_jax.core.chars import token_to_char_ids, trim_padding
+    from elmo_jax.core.embedding import embed_token_vectors, encode_tokens
+    from elmo_jax.core.bilm import packed_segments
+    from elmo_jax.core.batching import round_up
 
     from bench import embed as bench_embed
 

@@ -81,7 +81,7 @@ def setup(name, dtype="float32", unroll=1):
     from elmo_jax import training
     from elmo_jax.config import DataConfig
     from elmo_jax.training.loop import make_batcher
-    from elmo_jax.vocab import Vocabulary, read_word_list
+    from elmo_jax.core.vocab import Vocabulary, read_word_list
 
     config = _common.load_config(name)
     corpus, vocab_full = data_paths()

@@ -27,15 +27,15 @@ import importlib
 # costs nothing and a command can set the process up (huge_pages.py) before
 # JAX, Flax and orbax load.
 _API = {
-    "ElmoOptions": "options", "OptionsError": "options", "batch_to_char_ids": "chars",
-    "load_weights": "weights", "save_weights": "weights", "WeightsError": "weights",
-    "embed": "embedding", "embed_token_vectors": "embedding", "encode_tokens": "embedding",
-    "EmbedOutput": "embedding", "init_mix": "embedding", "scalar_mix": "embedding",
-    "init_state": "model", "init_params": "model", "LSTMState": "model", "Elmo": "elmo",
-    "load_export": "export", "save_export": "export", "ElmoEmbedder": "modules",
-    "NnxElmoEmbedder": "modules", "score_sentences": "scoring", "open_model": "stored",
-    "tokenize": "segmentation", "Lexicon": "lexicon", "list_models": "registry",
-    "open_embeddings": "store", "embed_corpus": "corpus", "CorpusSettings": "corpus",
+    "ElmoOptions": "core.options", "OptionsError": "core.options", "batch_to_char_ids": "core.chars",
+    "load_weights": "formats.weights", "save_weights": "formats.weights", "WeightsError": "formats.weights",
+    "embed": "core.embedding", "embed_token_vectors": "core.embedding", "encode_tokens": "core.embedding",
+    "EmbedOutput": "core.embedding", "init_mix": "core.embedding", "scalar_mix": "core.embedding",
+    "init_state": "core.bilm", "init_params": "core.bilm", "LSTMState": "core.bilm", "Elmo": "api.elmo",
+    "load_export": "formats.export", "save_export": "formats.export", "ElmoEmbedder": "api.flax_modules",
+    "NnxElmoEmbedder": "api.flax_modules", "score_sentences": "api.scoring", "open_model": "formats.stored_model",
+    "tokenize": "data.segmentation", "Lexicon": "core.lexicon", "list_models": "formats.registry",
+    "open_embeddings": "corpus.store", "embed_corpus": "corpus", "CorpusSettings": "corpus",
 }
 __all__ = list(_API)
 __version__ = "0.1.0"
@@ -44,7 +44,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     if name in _API:
         return getattr(importlib.import_module(f"elmo_jax.{_API[name]}"), name)
-    try:  # a submodule: elmo_jax.vocab, elmo_jax.training, ...
+    try:  # a submodule: elmo_jax.core.vocab, elmo_jax.training, ...
         return importlib.import_module(f"elmo_jax.{name}")
     except ModuleNotFoundError as e:
         if e.name != f"elmo_jax.{name}":  # the submodule exists but needs something missing

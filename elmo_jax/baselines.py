@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from elmo_jax.data.sources import list_shards, read_sentences
-from elmo_jax.vocab import Vocabulary
+from elmo_jax.core.vocab import Vocabulary
 
 
 def unigram_perplexity(train_files: str, vocab: Vocabulary, eval_files: str) -> dict:

@@ -23,8 +23,8 @@ from typing import Sequence
 import jax.numpy as jnp
 
 from elmo_jax.errors import UserError
-from elmo_jax.files import read_json, write_json
-from elmo_jax.options import ElmoOptions, OptionsError
+from elmo_jax.storage.files import read_json, write_json
+from elmo_jax.core.options import ElmoOptions, OptionsError
 
 SECTIONS = ("description", "model", "train", "data")
 SOFTMAX_INITS = ("unigram", "bilm-tf")  # how the softmax biases start (steps.init_softmax)
@@ -203,7 +203,8 @@ def config_from_dict(d: dict) -> Config:
 def check_paths(data: DataConfig) -> None:
     """Every path of the data section is local, gs:// or s3:// (`paths`), or
     one ConfigError a line each; `init_from` may also be a URL or a name."""
-    from elmo_jax import errors, paths
+    from elmo_jax import errors
+    from elmo_jax.storage import paths
     bad = []
     for name in ("train_files", "eval_files", "vocab_file", "init_from"):
         value = getattr(data, name)

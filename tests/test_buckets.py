@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, devices_env, write_grammar_corpus
-from elmo_jax import files as files_lib
-from elmo_jax import copies, paths
+from elmo_jax.storage import files as files_lib
+from elmo_jax.storage import copies, paths
 pytestmark = pytest.mark.e2e
 TINY = os.path.join(REPO, "configs", "tiny.json")
 
@@ -156,7 +156,7 @@ def test_a_run_killed_during_a_save_to_a_bucket_resumes_from_the_checkpoint_befo
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert "4" in paths.listdir(f"{work}/checkpoints")  # its objects were being written
     assert _steps(work) == [2, 4]
-    from elmo_jax import checkpoints
+    from elmo_jax.formats import checkpoints
 
     assert checkpoints.latest_step(work) == 2  # the newest whole one: 4 was never committed
     again = subprocess.run(_train_cmd(remote["train"], remote["vocab"], work, 6), cwd=tmp_path,
@@ -183,7 +183,7 @@ def test_a_run_killed_during_a_save_to_a_bucket_resumes_from_the_checkpoint_befo
                             "--workdir", work, "--out", out], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
-    from elmo_jax.stored import open_model
+    from elmo_jax.formats.stored_model import open_model
 
     a, b, c = open_model(export_local), open_model(f"{gs_bucket}/export"), open_model(work)
     flat = lambda m: {k: np.asarray(v) for k, v in _leaves(m.params)}
@@ -211,10 +211,10 @@ def test_an_export_on_s3_and_a_workdir_on_s3_refused_before_anything_is_written(
 
     bucket = storage_servers.new_bucket("s3")
     from conftest import random_tf_datasets, tiny_options_dict
-    from elmo_jax.export import save_export
-    from elmo_jax.options import ElmoOptions
-    from elmo_jax.stored import open_model
-    from elmo_jax.weights import datasets_to_params
+    from elmo_jax.formats.export import save_export
+    from elmo_jax.core.options import ElmoOptions
+    from elmo_jax.formats.stored_model import open_model
+    from elmo_jax.formats.weights import datasets_to_params
 
     options = ElmoOptions.from_dict(tiny_options_dict())
     params = datasets_to_params(random_tf_datasets(options), options)
@@ -272,12 +272,12 @@ def test_no_google_credentials_is_one_line_while_the_metadata_server_does_not_an
 
 _KILLED_INSIDE_CHUNK_2 = """
 import os, sys
-from elmo_jax import shard_writers as store
+from elmo_jax.corpus import shard_writers as store
 finish = store.BucketShardWriter.finish_chunk
 def finish_chunk(self, *a, **k):
     if len(self.markers) == 2:  # chunk 2's rows uploaded, then death before its marker
         self._rows.close()
-        from elmo_jax import copies, paths
+        from elmo_jax.storage import copies, paths
         paths.upload(self._rows.name, paths.join(self.dir, "chunk-000002.vectors.bin"))
         os._exit(137)
     finish(self, *a, **k)
@@ -308,7 +308,7 @@ def test_a_corpus_job_into_a_bucket_killed_and_resumed_is_the_local_store_bit_fo
 
     import elmo_jax
     from elmo_jax.corpus import CorpusSettings, embed_corpus
-    from elmo_jax.store import local_store, open_embeddings
+    from elmo_jax.corpus.store import local_store, open_embeddings
 
     monkeypatch.setenv("ELMO_JAX_CACHE", str(tmp_path / "cache"))
     lines = corpus_lines()
@@ -415,7 +415,7 @@ def test_the_storage_service_gone_mid_run_stops_it_with_a_line_and_the_same_comm
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and "run the same command again" in last, err[-3000:]
     kept = _steps(f"{bucket}/run")
-    from elmo_jax import checkpoints
+    from elmo_jax.formats import checkpoints
 
     newest = checkpoints.latest_step(f"{bucket}/run")
     assert newest is not None and newest >= 5, kept
@@ -432,7 +432,7 @@ def test_the_storage_service_gone_mid_run_stops_it_with_a_line_and_the_same_comm
 # taken the storage service away (the file `go` appears)
 _PAUSED_BEFORE_CHUNK_2 = """
 import os, sys, time
-from elmo_jax import shard_writers as store
+from elmo_jax.corpus import shard_writers as store
 finish = store.BucketShardWriter.finish_chunk
 def finish_chunk(self, *a, **k):
     if len(self.markers) == 2 and not os.path.exists("go"):
@@ -458,7 +458,7 @@ def test_the_storage_service_gone_mid_corpus_job_is_one_line_and_the_rerun_resum
 
     import elmo_jax
     from elmo_jax.corpus import CorpusSettings, embed_corpus
-    from elmo_jax.store import open_embeddings
+    from elmo_jax.corpus.store import open_embeddings
 
     proxy = storage_servers.Proxy(gcs.port)
     bucket = storage_servers.new_bucket("gs")

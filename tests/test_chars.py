@@ -49,7 +49,7 @@ def test_bad_input(bad, err, needle):
 
 
 def test_trim_padding_keeps_a_padding_window_for_the_widest_filter():
-    from elmo_jax.chars import PAD_CHAR, trim_padding
+    from elmo_jax.core.chars import PAD_CHAR, trim_padding
 
     ids = batch_to_char_ids([["ab", "abcdefghij"], ["c"]])        # longest: 10 bytes + 2 marks
     cut = trim_padding(ids, widest_filter=7)

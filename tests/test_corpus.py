@@ -15,10 +15,10 @@ import pytest
 
 import elmo_jax
 from conftest import FIXTURES, REPO, devices_env
-from elmo_jax import shard_writers
-from elmo_jax import store as store_lib
+from elmo_jax.corpus import shard_writers
+from elmo_jax.corpus import store as store_lib
 from elmo_jax.corpus import CorpusSettings, embed_corpus
-from elmo_jax.store import DiskFull, StoreError, open_embeddings
+from elmo_jax.corpus.store import DiskFull, StoreError, open_embeddings
 
 OPTIONS = os.path.join(FIXTURES, "options.json")
 WEIGHTS = os.path.join(FIXTURES, "lm_weights.hdf5")
@@ -158,7 +158,7 @@ def test_a_rerun_that_differs_is_refused(model, corpus, reference_store, tmp_pat
 
 KILLER = textwrap.dedent("""
     import os, sys
-    from elmo_jax import shard_writers as store
+    from elmo_jax.corpus import shard_writers as store
     where = sys.argv.pop(1)
     append, finish = store.ShardWriter.append_rows, store.ShardWriter.finish_chunk
     def append_rows(self, rows):
@@ -355,7 +355,7 @@ def test_a_real_full_disk_exits_with_an_error_and_the_rerun_continues(corpus, re
 
 _HOLDS_SHARD_0 = """
 import os, sys, time
-from elmo_jax import shard_writers as store
+from elmo_jax.corpus import shard_writers as store
 finish = store.ShardWriter.finish_chunk
 def finish_chunk(self, *a, **k):
     finish(self, *a, **k)
@@ -410,7 +410,7 @@ def test_workers_starting_together_share_one_spec_and_never_overwrite_it(model, 
     """The first worker's spec half-written (its temporary file there) is not
     "a folder that is not empty" to the second; and a spec written by another
     worker between the check and the write is compared, never replaced."""
-    from elmo_jax import files
+    from elmo_jax.storage import files
 
     options, params = model
     out = tmp_path / "s"
@@ -435,7 +435,7 @@ def test_in_a_bucket_a_spec_another_worker_wrote_first_is_compared_never_replace
         model, corpus, bucket, monkeypatch):
     """The same race in a bucket, where the service is what refuses the
     second spec (`paths.create_new`): the job of other settings stops."""
-    from elmo_jax import files, paths
+    from elmo_jax.storage import files, paths
 
     options, params = model
     out = paths.join(bucket, "store")

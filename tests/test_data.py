@@ -8,7 +8,7 @@ import pytest
 from elmo_jax import batch_to_char_ids
 from bilm_batcher import Batcher, pad_tables
 from elmo_jax.data import DataError, list_shards, read_sentences
-from elmo_jax.vocab import build_vocab
+from elmo_jax.core.vocab import build_vocab
 
 
 def window_char_ids(batch: dict) -> np.ndarray:

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from elmo_jax import datasets
-from elmo_jax.datasets import brown, common, sotu, wiki_sample, wordnet
-from elmo_jax.files import split_lines
+from elmo_jax.data import recipes
+from elmo_jax.data.recipes import brown, common, sotu, wiki_sample, wordnet
+from elmo_jax.storage.files import split_lines
 
 BROWN_LINES = [
     "\n\n\tThe/at jury/nn said/vbd it/pps did/dod not/* find/vb any/dti evidence/nn ./.\n",
@@ -132,12 +132,12 @@ def test_missing_npm_says_what_to_install(tmp_path, monkeypatch):
 
 def test_unknown_recipe():
     with pytest.raises(common.RecipeError, match="unknown corpus 'nope'"):
-        datasets.prepare("nope")
+        recipes.prepare("nope")
 
 
 def test_lm1b_never_downloads(tmp_path):
     with pytest.raises(common.RecipeError, match="does not download from the open web"):
-        datasets.lm1b.prepare(data_dir=str(tmp_path))
+        recipes.lm1b.prepare(data_dir=str(tmp_path))
 
 
 @pytest.mark.e2e

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax import chars
+from elmo_jax.core import chars
 from conftest import REPO, devices_env, random_tf_datasets, tiny_options_dict, write_datasets
 from test_fixtures import _batches, _expected
 from test_model import SENTENCES, ref_elmo
@@ -104,8 +104,8 @@ def test_wrapper_matches_embed_and_keeps_order(model):
 
 
 def test_wrapper_buckets_lengths_so_new_inputs_rarely_compile(model):
-    from elmo_jax.embedding import _embed_token_vectors as embed_token_vectors
-    from elmo_jax.embedding import _encode_tokens as encode_tokens
+    from elmo_jax.core.embedding import _embed_token_vectors as embed_token_vectors
+    from elmo_jax.core.embedding import _encode_tokens as encode_tokens
 
     _, options, _, params = model
     elmo = elmo_jax.Elmo(params, options, pack=False)
@@ -120,7 +120,7 @@ def test_wrapper_buckets_lengths_so_new_inputs_rarely_compile(model):
 
 
 def test_packed_wrapper_compiles_a_few_schedules_for_a_corpus(model):
-    from elmo_jax.embedding import _embed_token_vectors as embed_token_vectors
+    from elmo_jax.core.embedding import _embed_token_vectors as embed_token_vectors
 
     _, options, _, params = model
     rng = np.random.default_rng(0)
@@ -210,8 +210,8 @@ def test_sharded_jit_over_four_cpu_devices():
 
 def test_packed_lstm_equals_unpacked(model):
     """Rows sorted by length: the packed schedule skips padding, same numbers."""
-    from elmo_jax.embedding import embed_token_vectors, encode_tokens
-    from elmo_jax.model import packed_segments
+    from elmo_jax.core.embedding import embed_token_vectors, encode_tokens
+    from elmo_jax.core.bilm import packed_segments
 
     _, options, _, params = model
     sents = sorted([["w%d" % (i * j % 7) for j in range(n)] for i, n in
@@ -236,7 +236,7 @@ def test_two_options_files_of_one_network_share_one_compiled_embed(model, tmp_pa
     import dataclasses
     import json
 
-    from elmo_jax import embedding
+    from elmo_jax.core import embedding
 
     _, options, _, params = model
     other = options.replace(batch_size=options.batch_size + 1, n_epochs=3, dropout=0.3,

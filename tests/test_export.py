@@ -9,8 +9,8 @@ import pytest
 
 import elmo_jax
 from conftest import FIXTURES
-from elmo_jax.export import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE, load_export, save_export
-from elmo_jax.vocab import Vocabulary
+from elmo_jax.formats.export import OPTIONS_FILE, VOCAB_FILE, WEIGHTS_FILE, load_export, save_export
+from elmo_jax.core.vocab import Vocabulary
 
 
 def _fixture():

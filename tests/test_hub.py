@@ -21,8 +21,8 @@ import pytest
 
 from conftest import HERE, REPO, random_tf_datasets, tiny_options_dict, write_datasets
 from elmo_jax import Elmo, open_model
-from elmo_jax import hub, registry
-from elmo_jax.options import ElmoOptions
+from elmo_jax.formats import hub, registry
+from elmo_jax.core.options import ElmoOptions
 
 TINY_MANYLANGS = os.path.join(HERE, "fixtures", "manylangs", "tiny")
 SMALL = registry.REGISTRY["small"]
@@ -121,7 +121,7 @@ def test_the_vocabulary_and_softmax_come_only_for_scoring(server, monkeypatch):
                         dataclasses.replace(SMALL, files=SMALL.files + extra))
     words = ["<S>", "</S>", "<UNK>", "the", "bank"]
     (server.models / "vocab.txt").write_text("\n".join(words) + "\n")
-    from elmo_jax.weights import save_softmax
+    from elmo_jax.formats.weights import save_softmax
 
     save_softmax(server.models / "softmax.hdf5", {"w": np.ones((5, 8), np.float32),
                                                   "b": np.zeros(5, np.float32)})
@@ -178,7 +178,7 @@ def test_a_404_a_wrong_digest_and_no_server_are_clear_errors(server, monkeypatch
 
 def test_two_processes_download_once(server):
     server.delay = 1.0  # both start before either finishes
-    code = "from elmo_jax import hub; print(hub.resolve('small', progress=False)[0])"
+    code = "from elmo_jax.formats import hub; print(hub.resolve('small', progress=False)[0])"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=REPO) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
@@ -353,7 +353,7 @@ def test_a_cache_in_a_bucket_serves_hosts_that_share_no_disk(server, bucket, tmp
     uploads each verified file; a host with an empty disk takes the bucket's
     copy (no request to the server), offline too; a copy in the bucket that is
     not what its record says is fetched again from the source."""
-    from elmo_jax import paths
+    from elmo_jax.storage import paths
 
     want = local_vectors(server.models)
     monkeypatch.setenv("ELMO_JAX_CACHE", f"{bucket}/cache")

@@ -1,4 +1,4 @@
-"""Huge pages for XLA's CPU buffers (elmo_jax/huge_pages.py): the commands
+"""Huge pages for XLA's CPU buffers (elmo_jax/cli/huge_pages.py): the commands
 execute themselves once with glibc's hugetlb tunable, and the tunable does
 what it is there for, fewer page faults on a large fresh block."""
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from elmo_jax.huge_pages import OPT_OUT, TUNABLE, tuned_environment
+from elmo_jax.cli.huge_pages import OPT_OUT, TUNABLE, tuned_environment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

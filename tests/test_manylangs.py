@@ -16,10 +16,10 @@ import pytest
 
 from conftest import HERE, REPO
 from elmo_jax import Elmo, embed, open_model
-from elmo_jax.export import save_export
-from elmo_jax.manylangs import architecture, is_manylangs
-from elmo_jax.stored import is_workdir
-from elmo_jax.torch_pickle import TorchPickleError, load_state_dict
+from elmo_jax.formats.export import save_export
+from elmo_jax.formats.manylangs import architecture, is_manylangs
+from elmo_jax.formats.stored_model import is_workdir
+from elmo_jax.formats.torch_pickle import TorchPickleError, load_state_dict
 
 TINY = os.path.join(HERE, "fixtures", "manylangs", "tiny")  # a copy of ../shared/fixtures/manylangs
 NOWORDS = os.path.join(HERE, "fixtures", "manylangs-nowords")

@@ -99,8 +99,8 @@ def test_trimmed_spellings_give_the_same_token_vectors_and_gradients(tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from elmo_jax.chars import trim_padding
-    from elmo_jax.model import BiLM
+    from elmo_jax.core.chars import trim_padding
+    from elmo_jax.core.bilm import BiLM
 
     opts = tiny_options_dict()
     options = elmo_jax.ElmoOptions.from_dict(opts)
@@ -215,7 +215,7 @@ def test_stateful_continuation_matches_reference(tmp_path):
 def test_init_params_shapes_match_the_weight_format():
     import jax
 
-    from elmo_jax.weights import expected_shapes, params_to_datasets
+    from elmo_jax.formats.weights import expected_shapes, params_to_datasets
 
     options = elmo_jax.ElmoOptions.from_dict(tiny_options_dict())
     params = elmo_jax.init_params(options, jax.random.PRNGKey(0))
@@ -231,7 +231,7 @@ def test_lstm_scan_backward_equals_autodiff(clips):
     import jax
     import jax.numpy as jnp
 
-    from elmo_jax.kernels import lstm_cell, lstm_scan
+    from elmo_jax.core.kernels import lstm_cell, lstm_scan
 
     cell_clip, proj_clip = clips
     T, B, P, D = 7, 3, 4, 5
@@ -281,7 +281,7 @@ def test_lstm_scan_backward_in_bfloat16_tracks_float32():
     import jax
     import jax.numpy as jnp
 
-    from elmo_jax.kernels import lstm_scan
+    from elmo_jax.core.kernels import lstm_scan
 
     T, B, P, D = 6, 4, 8, 16
     ks = jax.random.split(jax.random.PRNGKey(1), 5)
@@ -314,7 +314,7 @@ def test_char_conv_max_and_its_gradients_match_float64_numpy(width):
     import jax
     import jax.numpy as jnp
 
-    from elmo_jax.kernels import char_conv_max
+    from elmo_jax.core.kernels import char_conv_max
 
     N, C, E, F = 5, 9, 4, 6
     L = C - width + 1
@@ -347,7 +347,7 @@ def test_input_gates_and_gradients_match_references(dtype):
     import jax
     import jax.numpy as jnp
 
-    from elmo_jax.kernels import input_gates
+    from elmo_jax.core.kernels import input_gates
 
     ks = jax.random.split(jax.random.PRNGKey(2), 3)
     # x [2, n, T, Pin], w [2, Pin, 4D]; the gates come out [T, 2, 4D, n]
@@ -383,7 +383,7 @@ def test_clip_gradient_passes_at_the_limit_as_tensorflows_clip_by_value():
     derivative of the clips follows it, the limits included."""
     import jax.numpy as jnp
 
-    from elmo_jax.kernels import _inside
+    from elmo_jax.core.kernels import _inside
 
     x = jnp.array([-3.5, -3.0, -2.9, 0.0, 2.9, 3.0, 3.5])
     np.testing.assert_array_equal(_inside(x, 3.0), [0, 1, 1, 1, 1, 1, 0])

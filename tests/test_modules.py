@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import elmo_jax
 from conftest import FIXTURES
-from elmo_jax.modules import BiLMWeights, ElmoEmbedder, NnxElmoEmbedder, init_variables
+from elmo_jax.api.flax_modules import BiLMWeights, ElmoEmbedder, NnxElmoEmbedder, init_variables
 
 WEIGHTS = os.path.join(FIXTURES, "lm_weights.hdf5")
 SENTENCES = [["The", "bank", "of", "the", "river", "."], ["Money", "!"]]
@@ -55,11 +55,11 @@ def test_linen_module_equals_embed_and_trains_only_the_mix(fixture_model, layer_
 def test_from_pretrained_opens_the_weights_once_and_init_reads_no_file(monkeypatch):
     """`from_pretrained` opens the model once; `init` (and every apply) reads
     no file; the deprecated `weights_file` still works, with a warning."""
-    import elmo_jax.export
+    import elmo_jax.formats.export
 
     reads = []
-    real = elmo_jax.export.load_weights
-    monkeypatch.setattr(elmo_jax.export, "load_weights",
+    real = elmo_jax.formats.export.load_weights
+    monkeypatch.setattr(elmo_jax.formats.export, "load_weights",
                         lambda *a, **k: reads.append(a[0]) or real(*a, **k))
     module = ElmoEmbedder.from_pretrained(WEIGHTS)
     assert reads == [WEIGHTS]

@@ -1,10 +1,11 @@
-"""Paths in buckets (`elmo_jax.paths`) against real storage servers on
+"""Paths in buckets (`elmo_jax.storage.paths`) against real storage servers on
 127.0.0.1: fake-gcs-server and moto's S3 (`storage_servers`)."""
 import os
 
 import pytest
 
-from elmo_jax import copies, errors, files, paths
+from elmo_jax import errors
+from elmo_jax.storage import copies, files, paths
 @pytest.mark.parametrize("bad, says", [
     ("hdfs://cluster/corpus/*.txt", "not hdfs://"),
     ("gs:/my-bucket/run", "two slashes"),
@@ -119,7 +120,8 @@ def test_a_bucket_that_does_not_exist_is_named(bucket):
 # with the endpoint and credentials of the environment it was made in
 _EACH_REFUSAL = """
 import json, sys
-from elmo_jax import errors, paths
+from elmo_jax import errors
+from elmo_jax.storage import paths
 for path in sys.argv[1:]:
     for what, call in (("read", lambda: paths.exists(path)),
                        ("write", lambda: paths.write_bytes(path, b"x"))):

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO
 from elmo_jax.config import load_config
-from elmo_jax.model import init_params
+from elmo_jax.core.bilm import init_params
 from elmo_jax.training.plan import train_flops_per_token
 
 pytestmark = pytest.mark.e2e

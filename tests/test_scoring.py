@@ -18,8 +18,8 @@ from conftest import REPO, write_grammar_corpus
 from elmo_jax import training
 from elmo_jax.config import ConfigError, DataConfig, load_config
 from elmo_jax.data import read_sentences
-from elmo_jax.scoring import corpus_perplexity, load_language_model, score_sentences
-from elmo_jax.softmax import pad_softmax
+from elmo_jax.api.scoring import corpus_perplexity, load_language_model, score_sentences
+from elmo_jax.core.softmax import pad_softmax
 
 pytestmark = pytest.mark.e2e
 
@@ -103,7 +103,7 @@ def test_score_command_writes_one_line_per_input_line(trained, tmp_path):
 def test_score_reads_the_model_and_input_from_a_bucket_and_writes_its_output_there(
         trained, tmp_path, gs_bucket):
     """`score` with every path on gs://: the same lines as a local run's."""
-    from elmo_jax import paths
+    from elmo_jax.storage import paths
 
     files, d = trained
     (tmp_path / "in.txt").write_text("the dog sees the cat .\n\nthe cats see .\n")
@@ -141,7 +141,7 @@ def test_every_form_of_a_stored_model_opens_the_same_and_builds_nothing_of_train
         for a, b in zip(jax.tree.leaves((forms[0].params, forms[0].softmax)),
                         jax.tree.leaves((m.params, m.softmax))):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    code = ("import sys, elmo_jax; from elmo_jax.scoring import load_language_model; "
+    code = ("import sys, elmo_jax; from elmo_jax.api.scoring import load_language_model; "
             f"elmo_jax.open_model({str(d / 'run')!r}); load_language_model({str(d / 'run')!r}); "
             "print(sorted(m for m in sys.modules if m.startswith('elmo_jax.training') "
             "or m == 'optax'))")

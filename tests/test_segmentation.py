@@ -2,7 +2,7 @@
 import pytest
 
 import elmo_jax
-from elmo_jax.segmentation import SegmentationError
+from elmo_jax.data.segmentation import SegmentationError
 
 SUBWAY = "12号地铁线马上就要开通了，以后我们出行就更加方便了。"
 DINNER = "你什么时候方便，我们一起吃个饭。"

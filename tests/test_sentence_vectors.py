@@ -5,10 +5,10 @@ import pytest
 
 from conftest import random_tf_datasets, tiny_options_dict
 from elmo_jax import Elmo
-from elmo_jax.elmo import windows
-from elmo_jax.embedding import mix_weights
-from elmo_jax.options import ElmoOptions
-from elmo_jax.weights import datasets_to_params
+from elmo_jax.core.batching import windows
+from elmo_jax.core.embedding import mix_weights
+from elmo_jax.core.options import ElmoOptions
+from elmo_jax.formats.weights import datasets_to_params
 
 OPTIONS = ElmoOptions.from_dict(tiny_options_dict())
 PARAMS = datasets_to_params(random_tf_datasets(OPTIONS), OPTIONS)
@@ -60,7 +60,7 @@ def test_a_long_sentence_is_embedded_in_windows_of_its_own_layers():
 
 def test_embed_command_writes_sentence_vectors(tmp_path):
     from elmo_jax.cli.embed import main
-    from elmo_jax.export import save_export
+    from elmo_jax.formats.export import save_export
 
     save_export(tmp_path / "model", PARAMS, OPTIONS)
     lines = [" ".join(sentence(6, 4)), "", " ".join(sentence(40, 5))]

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from elmo_jax.softmax import (Candidates, expected_count, full_softmax_loss, log_uniform_prob,
+from elmo_jax.core.softmax import (Candidates, expected_count, full_softmax_loss, log_uniform_prob,
                               log_uniform_sample, num_draws, sampled_softmax,
                               sampled_softmax_loss)
 
@@ -87,7 +87,7 @@ def _critical_chi2(df, z=5.0):
 
 @pytest.mark.slow
 def test_exact_sampler_follows_the_log_uniform_law_at_lm1b_size():
-    from elmo_jax.softmax import exact_log_uniform_draws
+    from elmo_jax.core.softmax import exact_log_uniform_draws
 
     n = 2_000_000
     draws = np.asarray(jax.jit(lambda k: exact_log_uniform_draws(k, n, V_LM1B))(
@@ -116,7 +116,7 @@ def test_exact_sampler_follows_the_log_uniform_law_at_lm1b_size():
 def test_every_id_of_the_top_block_is_drawn():
     """The within-block stage reaches every id: the last 472 ids of the lm1b
     vocabulary and the top of a 10M one."""
-    from elmo_jax.softmax import draw_in_blocks
+    from elmo_jax.core.softmax import draw_in_blocks
 
     for lo, hi in ((793_000, V_LM1B + 1), (10_000_000 - 300, 10_000_001)):
         lo_a, hi_a = jnp.full((40_000,), lo, jnp.int32), jnp.full((40_000,), hi, jnp.int32)
@@ -133,7 +133,7 @@ def test_expected_counts_stay_accurate_for_large_ids():
 
 @pytest.mark.slow
 def test_chunked_full_softmax_equals_the_unchunked_loss_and_gradient():
-    from elmo_jax.softmax import chunked_softmax_loss
+    from elmo_jax.core.softmax import chunked_softmax_loss
 
     ks = jax.random.split(jax.random.PRNGKey(0), 4)
     V, N, P = 1000, 37, 16

@@ -15,11 +15,11 @@ from bilm_batcher import Batcher
 from conftest import grammar_sentences, tiny_options_dict
 from elmo_jax import ElmoOptions
 from elmo_jax.config import TrainConfig
-from elmo_jax.model import init_state
-from elmo_jax.softmax import PAD_BIAS
+from elmo_jax.core.bilm import init_state
+from elmo_jax.core.softmax import PAD_BIAS
 from elmo_jax.training.partitioning import check_divisible
 from elmo_jax.training.steps import eval_step, init_train_state, loss_fn
-from elmo_jax.vocab import build_vocab
+from elmo_jax.core.vocab import build_vocab
 
 
 def _setup(sample_softmax):

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from elmo_jax.chars import token_to_char_ids
+from elmo_jax.core.chars import token_to_char_ids
 from elmo_jax.data import (DataError, ParallelStreamBatcher, StreamBatcher, TokenCorpus,
                            largest_table)
-from elmo_jax.vocab import build_vocab, count_tokens
+from elmo_jax.core.vocab import build_vocab, count_tokens
 
 
 def reference_streams(sentences, batch_size, seed, positions):

@@ -115,8 +115,8 @@ def test_stored_features_and_the_result_line_go_to_a_bucket(fixture_model, tmp_p
                                                             gs_bucket):
     """`--features gs://...` stores the splits' layers in the bucket as the
     local folder holds them; `--out gs://...` gains one line per result."""
-    from elmo_jax import paths
-    from elmo_jax.files import append_line
+    from elmo_jax.storage import paths
+    from elmo_jax.storage.files import append_line
 
     options, bilm = fixture_model
     splits = {"train": tagged(12, 0), "test": tagged(5, 2)}

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from bilm_batcher import Batcher
 from conftest import FIXTURES, REPO
 from elmo_jax import batch_to_char_ids
-from elmo_jax.chars import BOW_CHAR, EOW_CHAR, PAD_CHAR
+from elmo_jax.core.chars import BOW_CHAR, EOW_CHAR, PAD_CHAR
 from elmo_jax.data import DataError, TokenCorpus, read_sentences
-from elmo_jax.files import split_lines
-from elmo_jax.vocab import EOS, BOS, build_vocab
+from elmo_jax.storage.files import split_lines
+from elmo_jax.core.vocab import EOS, BOS, build_vocab
 
 # every character Python's str.splitlines breaks on, "\n" aside
 LINE_BOUNDARIES = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -165,7 +165,7 @@ def test_reading_the_umask_never_changes_it_for_other_threads(tmp_path):
     import threading
     import time
 
-    from elmo_jax import files
+    from elmo_jax.storage import files
 
     old = os.umask(0o022)
     stop, modes = threading.Event(), set()

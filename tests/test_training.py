@@ -22,10 +22,10 @@ import pytest
 import elmo_jax
 from conftest import FIXTURES, REPO, devices_env, write_grammar_corpus
 from elmo_jax import training
-from elmo_jax.checkpoints import CheckpointError
+from elmo_jax.formats.checkpoints import CheckpointError
 from elmo_jax.config import ConfigError, DataConfig, load_config
 from elmo_jax.data import DataError, read_sentences
-from elmo_jax.vocab import VocabError
+from elmo_jax.core.vocab import VocabError
 
 pytestmark = pytest.mark.e2e
 TINY = os.path.join(REPO, "configs", "tiny.json")
@@ -57,7 +57,7 @@ def losses_by_step(workdir):
 def unigram_ppl(train_file, eval_file, vocab_file):
     """Perplexity of an add-one unigram model over the biLM's targets (each
     sentence's words plus one boundary token)."""
-    words = elmo_jax.vocab.Vocabulary.from_file(vocab_file).words
+    words = elmo_jax.core.vocab.Vocabulary.from_file(vocab_file).words
     counts = collections.Counter()
     for s in read_sentences(train_file):
         counts.update(s + ["</S>"])
@@ -87,7 +87,7 @@ DEVICE_RUNS = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {tests!r})
     import jax
-    from elmo_jax import checkpoints
+    from elmo_jax.formats import checkpoints
     from test_training import losses_by_step, run, tiny
     # only the losses matter here: no checkpoint (orbax's first save of 8
     # simulated devices' replicas compiles a slicing program per array and device)
@@ -191,7 +191,7 @@ def test_a_per_device_batch_is_bilm_tf_s_batch_times_the_devices(tmp_path):
 # once the metrics log's own thread has written the records before it
 _KILLED_DURING_THE_SAVE_OF_STEP_20 = textwrap.dedent("""
     import json, os, runpy, signal, sys, time
-    from elmo_jax import checkpoints
+    from elmo_jax.formats import checkpoints
     started = checkpoints.save
     metrics = os.path.join(sys.argv[sys.argv.index("--workdir") + 1], "metrics.jsonl")
     def save(mngr, state, positions):
@@ -297,8 +297,8 @@ def test_fine_tune_from_exported_weights(tmp_path):
     # a new vocabulary (a domain's): the fresh softmax starts as a
     # pretraining softmax does, at the sampler's unigram law (one Adagrad step
     # moves a bias by less than the learning rate, 0.2)
-    words = elmo_jax.vocab.Vocabulary.from_file(files["vocab.txt"]).words
-    new_vocab = elmo_jax.vocab.Vocabulary(words[:3] + ["domain"] + words[3:-2])
+    words = elmo_jax.core.vocab.Vocabulary.from_file(files["vocab.txt"]).words
+    new_vocab = elmo_jax.core.vocab.Vocabulary(words[:3] + ["domain"] + words[3:-2])
     new_vocab.to_file(tmp_path / "new_vocab.txt")
     run(tiny(max_steps=1), files["train.txt"], str(tmp_path / "new_vocab.txt"), tmp_path / "ft2",
         init_from=str(tmp_path / "export" / "weights.hdf5"))
@@ -364,7 +364,7 @@ def test_checkpoints_of_the_earlier_layout_still_open_and_resume(tmp_path):
 
     import orbax.checkpoint as ocp
 
-    from elmo_jax import checkpoints
+    from elmo_jax.formats import checkpoints
     from elmo_jax.training.partitioning import create_train_step, make_mesh
 
     files = write_grammar_corpus(tmp_path / "data")
@@ -406,7 +406,7 @@ def test_a_batch_that_makes_the_loss_non_finite_is_passed_over(tmp_path, monkeyp
         fh.write("the poison dog sees the cat .\n")
     with open(files["vocab.txt"], "a") as fh:
         fh.write("poison\n")
-    poison = elmo_jax.vocab.Vocabulary.from_file(files["vocab.txt"]).encode(["poison"])[0]
+    poison = elmo_jax.core.vocab.Vocabulary.from_file(files["vocab.txt"]).encode(["poison"])[0]
     built_by_the_loop = loop.create_train_step
 
     def create_train_step(*args, **kwargs):
@@ -570,7 +570,7 @@ def test_settings_on_resume_a_checkpoint_fixes_are_refused_the_others_applied(tm
     values and the way out, before anything compiles; another learning rate
     is applied (a rate of 0 leaves the weights as they were), logged in the
     "resumed" record and written to config.json."""
-    from elmo_jax.stored import open_model
+    from elmo_jax.formats.stored_model import open_model
     from elmo_jax.training.workdir import read_metrics
 
     files = write_grammar_corpus(tmp_path / "data")

@@ -4,7 +4,7 @@ import collections
 import numpy as np
 import pytest
 
-from elmo_jax.vocab import Vocabulary, VocabError, build_vocab
+from elmo_jax.core.vocab import Vocabulary, VocabError, build_vocab
 
 
 def test_fixture_vocab(fixture_dir):

@@ -9,7 +9,7 @@ import pytest
 
 import elmo_jax
 from conftest import tiny_options_dict
-from elmo_jax.weights import WeightsError
+from elmo_jax.formats.weights import WeightsError
 
 
 def _read_all(path):

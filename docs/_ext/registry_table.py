@@ -1,5 +1,5 @@
 """`{registry-table}`: the published models, generated from the registry
-(`elmo_jax/registry.py`) as `elmo-jax models` prints them."""
+(`elmo_jax/formats/registry.py`) as `elmo-jax models` prints them."""
 import contextlib
 import io
 

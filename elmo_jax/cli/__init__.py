@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from elmo_jax.huge_pages import reexec_with_huge_pages
+from elmo_jax.cli.huge_pages import reexec_with_huge_pages
 
 
 def run_cli(main) -> None:

@@ -1,6 +1,6 @@
 """Embed text with ELMo: one sentence a line -> an embedding store (a folder)
 or bilm-tf's `dump_bilm_embeddings` hdf5 file (a thin shell over
-elmo_jax.corpus and elmo_jax.store). Installed as `elmo-jax embed`; in a
+elmo_jax.corpus and elmo_jax.corpus.store). Installed as `elmo-jax embed`; in a
 checkout, `python embed.py`.
 
   elmo-jax embed --input 'corpus/*.txt' --output DIR --model original
@@ -103,7 +103,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
 def main(argv=None, prog: str = "embed.py"):
     ap = parser(prog)
     args = ap.parse_args(argv)
-    from elmo_jax import paths
+    from elmo_jax.storage import paths
 
     for given in (args.input, args.output, args.merge, args.weights, args.options):
         if given and not given.lower().startswith(("http://", "https://")):
@@ -112,7 +112,7 @@ def main(argv=None, prog: str = "embed.py"):
     if args.merge:
         if not to_hdf5:
             ap.error("--merge writes an .hdf5 file: give --output X.hdf5")
-        from elmo_jax.store import merge_to_hdf5
+        from elmo_jax.corpus.store import merge_to_hdf5
 
         n = merge_to_hdf5(args.merge, args.output)
         print(json.dumps({"output": args.output, "sentences": n, "merged": args.merge}))
@@ -126,7 +126,7 @@ def main(argv=None, prog: str = "embed.py"):
 
         initialize(args.coordinator_address, args.num_processes, args.process_id)
     from elmo_jax.data.sources import list_shards
-    from elmo_jax.stored import open_model
+    from elmo_jax.formats.stored_model import open_model
 
     files = list_shards(args.input)
     model = open_model(given[0], options=args.options)
@@ -161,7 +161,7 @@ def main(argv=None, prog: str = "embed.py"):
         summary = embed_corpus(model.params, options, files, directory, settings, shard,
                                num_shards, model.lexicon, progress=not args.no_progress)
     if to_hdf5:
-        from elmo_jax.store import merge_to_hdf5
+        from elmo_jax.corpus.store import merge_to_hdf5
 
         merge_to_hdf5(directory, args.output)
         shutil.rmtree(directory)
@@ -211,7 +211,7 @@ def _settings(args, mix):
 def _parts_dir(hdf5_path: str) -> str:
     """The store an .hdf5 output is built in (beside it, or in the local cache
     for a file in a bucket; removed once written)."""
-    from elmo_jax import copies, paths
+    from elmo_jax.storage import copies, paths
 
     if paths.is_remote(hdf5_path):
         import hashlib
@@ -225,13 +225,13 @@ def _parts_dir(hdf5_path: str) -> str:
 def _stateful(model, files, args, mix) -> int:
     """bilm-tf's stateful dump: one line at a time, the state carried on."""
     from elmo_jax.data import read_sentences
-    from elmo_jax.dump import dump_embeddings
-    from elmo_jax.elmo import Elmo
-    from elmo_jax.vocab import read_word_list
+    from elmo_jax.api.dump import dump_embeddings
+    from elmo_jax.api.elmo import Elmo
+    from elmo_jax.core.vocab import read_word_list
 
     sentences = [s for f in files for s in read_sentences(f, keep_empty=True)]
     if args.tokenize:
-        from elmo_jax.segmentation import tokenize_lines
+        from elmo_jax.data.segmentation import tokenize_lines
 
         sentences = tokenize_lines([" ".join(s) for s in sentences], lang=args.tokenize)
     cache = read_word_list(args.cache_vocab) if args.cache_vocab else None

@@ -52,8 +52,8 @@ def main(argv=None, prog: str = "elmo-jax models"):
     ap.add_argument("--details", metavar="NAME", help="one model's sources, URLs and notes")
     args = ap.parse_args(argv)
 
-    from elmo_jax.downloads import cache_dir
-    from elmo_jax.registry import list_models
+    from elmo_jax.formats.downloads import cache_dir
+    from elmo_jax.formats.registry import list_models
 
     rows = list_models()
     if args.details:

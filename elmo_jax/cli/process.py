@@ -15,7 +15,9 @@ def use_compilation_cache() -> str:
     on every process (`private_apis`). Returns the folder."""
     import jax
 
-    from elmo_jax import downloads, paths, private_apis
+    from elmo_jax import private_apis
+    from elmo_jax.formats import downloads
+    from elmo_jax.storage import paths
 
     private_apis.one_cache_key_for_every_process()
     chosen = os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir

@@ -1,5 +1,5 @@
 """Pretrain, evaluate, export and score with an ELMo biLM (a thin shell over
-elmo_jax.training and elmo_jax.scoring). Installed as `elmo-jax train|eval|
+elmo_jax.training and elmo_jax.api.scoring). Installed as `elmo-jax train|eval|
 export|vocab|score`; in a checkout, `python train.py ...`.
 
   python train.py --config configs/tiny.json --train_files 'data/*.txt' \\
@@ -112,14 +112,14 @@ def _train(argv, prog):
     if args.per_device_batch is not None:
         overrides.append(f"model.batch_size={args.per_device_batch * jax.device_count()}")
     config = load_config(args.config, args.set + overrides)
-    from elmo_jax import buckets, paths
+    from elmo_jax.storage import clients, paths
 
     from elmo_jax import private_apis
     from elmo_jax.cli.process import use_compilation_cache
 
     use_compilation_cache()
     if paths.is_remote(args.workdir):  # a save waits out a bucket's outage this long at most
-        private_apis.bound_storage_retries(buckets.retry_seconds())
+        private_apis.bound_storage_retries(clients.retry_seconds())
     last = train_and_evaluate(config, args.workdir, progress=not args.no_progress)
     print(json.dumps(last))
     if several:
@@ -162,7 +162,7 @@ def _vocab(argv, prog):
 
     files = args.train_files
     if args.tokenize:
-        from elmo_jax.segmentation import segmented_files
+        from elmo_jax.data.segmentation import segmented_files
 
         files = segmented_files(files, args.tokenize)
     v, stats = data.vocab_from_files(files, args.max_vocab, args.min_count)
@@ -205,7 +205,7 @@ def _score(argv, prog):
     ap.add_argument("--stateful", action="store_true",
                     help="carry the LSTM state from line to line (as train.py eval reads)")
     args = ap.parse_args(argv)
-    from elmo_jax.scoring import score_file
+    from elmo_jax.api.scoring import score_file
 
     print(json.dumps(score_file(args.model, args.input, args.output, args.batch_size,
                                 args.stateful, args.tokenize)))

@@ -17,9 +17,9 @@ from elmo_jax.corpus.program import Programs
 from elmo_jax.corpus.reading import read_chunks
 from elmo_jax.corpus.settings import CorpusSettings, store_spec
 from elmo_jax.corpus.writing import ChunkState, publish
-from elmo_jax.options import ElmoOptions
-from elmo_jax.shard_writers import ShardWriter, open_shard, shard_chunks
-from elmo_jax.store import StoreError, claim, numpy_dtype
+from elmo_jax.core.options import ElmoOptions
+from elmo_jax.corpus.shard_writers import ShardWriter, open_shard, shard_chunks
+from elmo_jax.corpus.store import StoreError, claim, numpy_dtype
 
 END = object()
 

@@ -7,12 +7,11 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from elmo_jax import chars
+from elmo_jax.core import chars
 from elmo_jax.corpus.reading import Chunk
 from elmo_jax.data.sources import DataError
-from elmo_jax.elmo import windows
-from elmo_jax.options import ElmoOptions
-from elmo_jax.shapes import round_up
+from elmo_jax.core.options import ElmoOptions
+from elmo_jax.core.batching import round_up, windows
 
 
 class Piece(NamedTuple):

@@ -12,10 +12,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from elmo_jax.corpus.settings import CorpusSettings
-from elmo_jax.embedding import embed
-from elmo_jax.embedding import mix_weights as normalized_mix
-from elmo_jax.options import ElmoOptions
-from elmo_jax.store import numpy_dtype
+from elmo_jax.core.embedding import embed
+from elmo_jax.core.embedding import mix_weights as normalized_mix
+from elmo_jax.core.options import ElmoOptions
+from elmo_jax.corpus.store import numpy_dtype
 
 
 def corpus_program(params, char_ids, keep_lo, keep_hi, *, options: ElmoOptions,

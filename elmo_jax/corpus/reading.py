@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator, NamedTuple, Sequence
 
-from elmo_jax import paths
+from elmo_jax.storage import paths
 from elmo_jax.data.sources import DataError
 
 
@@ -57,7 +57,7 @@ def _decode(index, first, raw_lines, where, on_bad_line, tokenize) -> Chunk:
             skipped.append({"line": first + k, "file": path, "file_line": n})
             texts.append("")
     if tokenize:
-        from elmo_jax.segmentation import tokenize_lines
+        from elmo_jax.data.segmentation import tokenize_lines
 
         tokens = tokenize_lines(texts, lang=tokenize)
     else:

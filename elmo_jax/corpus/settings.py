@@ -11,9 +11,9 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from elmo_jax import paths
-from elmo_jax.options import ElmoOptions
-from elmo_jax.store import StoreError, StoreSpec, numpy_dtype
+from elmo_jax.storage import paths
+from elmo_jax.core.options import ElmoOptions
+from elmo_jax.corpus.store import StoreError, StoreSpec, numpy_dtype
 
 OUTPUTS = ("layers", "layer", "mix")
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from elmo_jax.corpus.planning import Piece
 from elmo_jax.corpus.reading import Chunk
-from elmo_jax.shard_writers import ShardWriter
+from elmo_jax.corpus.shard_writers import ShardWriter
 
 
 class ChunkState:

@@ -4,10 +4,10 @@ counted from files. Training reads them through `streams.TokenCorpus`.
 """
 from __future__ import annotations
 
-from elmo_jax import copies, paths
+from elmo_jax.storage import copies, paths
 from elmo_jax.errors import UserError
-from elmo_jax.files import split_lines
-from elmo_jax.vocab import Vocabulary, build_vocab, count_tokens
+from elmo_jax.storage.files import split_lines
+from elmo_jax.core.vocab import Vocabulary, build_vocab, count_tokens
 
 
 class DataError(UserError, ValueError):

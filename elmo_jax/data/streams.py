@@ -45,11 +45,11 @@ import os
 
 import numpy as np
 
-from elmo_jax.chars import BOW_CHAR, EOW_CHAR, PAD_CHAR, token_to_char_ids
+from elmo_jax.core.chars import BOW_CHAR, EOW_CHAR, PAD_CHAR, token_to_char_ids
 from elmo_jax.data.sources import DataError
 from elmo_jax.data.tokens import PAD_ID, TokenCorpus
-from elmo_jax.shapes import round_up
-from elmo_jax.vocab import BOS, EOS, Vocabulary
+from elmo_jax.core.batching import round_up
+from elmo_jax.core.vocab import BOS, EOS, Vocabulary
 
 def spell_all(spellings: list[str], max_chars: int) -> np.ndarray:
     """[K, C] uint16: `chars.token_to_char_ids` of every spelling at once (row

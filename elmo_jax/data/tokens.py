@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 
-from elmo_jax import copies, paths
+from elmo_jax.storage import copies, paths
 from elmo_jax.data.sources import DataError, list_shards, read_sentences
-from elmo_jax.files import write_json
-from elmo_jax.vocab import BOS, EOS
+from elmo_jax.storage.files import write_json
+from elmo_jax.core.vocab import BOS, EOS
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # spelling ids; the corpus' own spellings follow
 CORPUS_FILE = "corpus.json"       # marks a prepared corpus folder

@@ -8,7 +8,7 @@ The tagger (a linear layer, or a small biLSTM with `hidden > 0`) reads one of:
             (the baseline without ELMo)
     random+mix  those word embeddings concatenated with the scalar mix: ELMo
             added to the baseline's input, as the paper uses it
-ELMo comes in as `elmo_jax.modules.ElmoEmbedder`, a linen module whose mix is
+ELMo comes in as `elmo_jax.api.flax_modules.ElmoEmbedder`, a linen module whose mix is
 an ordinary parameter. The biLM is frozen by default (its own collection, no
 gradient): gradients reach only the mix and the tagger; `fine_tune=True` also
 trains the biLM (at `bilm_learning_rate`).
@@ -25,8 +25,8 @@ import os
 import sys
 import time
 
-if __name__ == "__main__":  # huge pages, set before JAX loads (elmo_jax/huge_pages.py)
-    from elmo_jax.huge_pages import reexec_with_huge_pages
+if __name__ == "__main__":  # huge pages, set before JAX loads (elmo_jax/cli/huge_pages.py)
+    from elmo_jax.cli.huge_pages import reexec_with_huge_pages
 
     reexec_with_huge_pages()
 
@@ -36,15 +36,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from elmo_jax import paths
-from elmo_jax.chars import batch_to_char_ids, trim_padding
-from elmo_jax.embedding import embed
+from elmo_jax.storage import paths
+from elmo_jax.core.chars import batch_to_char_ids, trim_padding
+from elmo_jax.core.embedding import embed
 from elmo_jax.errors import MissingFile
-from elmo_jax.files import append_line
-from elmo_jax.modules import ElmoEmbedder, init_variables
-from elmo_jax.options import ElmoOptions
-from elmo_jax.shapes import bucket
-from elmo_jax.stored import open_model
+from elmo_jax.storage.files import append_line
+from elmo_jax.api.flax_modules import ElmoEmbedder, init_variables
+from elmo_jax.core.options import ElmoOptions
+from elmo_jax.core.batching import next_power_of_two
+from elmo_jax.formats.stored_model import open_model
 
 MODES = ("mix", "layer0", "top", "random", "random+mix")
 
@@ -67,7 +67,7 @@ def load_split(pos_dir: str, split: str) -> list[tuple[list[str], list[str]]]:
     """(tokens, universal tags) of each sentence of a `brown` recipe split."""
     path = os.path.join(pos_dir, f"{split}.jsonl")
     if not os.path.exists(path):
-        raise MissingFile(f"{path} is missing: run `python -m elmo_jax.datasets brown`")
+        raise MissingFile(f"{path} is missing: run `python -m elmo_jax.data.recipes brown`")
     with open(path, encoding="utf-8") as fh:
         return [(r["tokens"], r["upos"]) for r in map(json.loads, fh)]
 
@@ -117,7 +117,7 @@ def make_batches(data, tag_index, word_index, batch_size, max_chars=50, widest_f
     batches = []
     for start in range(0, len(order), batch_size):
         rows = [data[i] for i in order[start:start + batch_size]]
-        T = bucket(max(len(t) for t, _ in rows))
+        T = next_power_of_two(max(len(t) for t, _ in rows))
         sents = [t for t, _ in rows] + [[]] * (batch_size - len(rows))
         tags = np.zeros((batch_size, T), np.int32)
         words = np.zeros((batch_size, T), np.int32)
@@ -325,8 +325,8 @@ def features_for(splits: dict, directory: str, bilm: dict, options: ElmoOptions,
     `directory/split`: embedded once by the corpus job (`corpus.py`), reused
     by every later run while the model and the sentences are the same."""
     from elmo_jax.corpus import CorpusSettings, embed_corpus
-    from elmo_jax.files import write_text
-    from elmo_jax.store import open_embeddings
+    from elmo_jax.storage.files import write_text
+    from elmo_jax.corpus.store import open_embeddings
 
     import hashlib
 

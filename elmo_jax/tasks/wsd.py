@@ -17,21 +17,21 @@ import collections
 import json
 import os
 
-if __name__ == "__main__":  # huge pages, set before JAX loads (elmo_jax/huge_pages.py)
-    from elmo_jax.huge_pages import reexec_with_huge_pages
+if __name__ == "__main__":  # huge pages, set before JAX loads (elmo_jax/cli/huge_pages.py)
+    from elmo_jax.cli.huge_pages import reexec_with_huge_pages
 
     reexec_with_huge_pages()
 
 import numpy as np
 
-from elmo_jax.elmo import Elmo
+from elmo_jax.api.elmo import Elmo
 from elmo_jax.errors import MissingFile
-from elmo_jax.files import append_line
+from elmo_jax.storage.files import append_line
 
 
 def load_examples(path: str) -> list[dict]:
     if not os.path.exists(path):
-        raise MissingFile(f"{path} is missing: run `python -m elmo_jax.datasets wordnet`")
+        raise MissingFile(f"{path} is missing: run `python -m elmo_jax.data.recipes wordnet`")
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh]
 

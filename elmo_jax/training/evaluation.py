@@ -14,14 +14,14 @@ from jax.sharding import PartitionSpec as P
 
 from elmo_jax import data as data_lib
 from elmo_jax.config import ConfigError, TrainConfig
-from elmo_jax.model import init_state
-from elmo_jax.options import ElmoOptions
-from elmo_jax.softmax import pad_softmax
-from elmo_jax.stored import open_model
+from elmo_jax.core.bilm import init_state
+from elmo_jax.core.options import ElmoOptions
+from elmo_jax.core.softmax import pad_softmax
+from elmo_jax.formats.stored_model import open_model
 from elmo_jax.training.partitioning import (abstract_batch, global_batch, lstm_state_sharding,
                                             make_mesh, process_rows)
 from elmo_jax.training.steps import eval_step
-from elmo_jax.vocab import Vocabulary
+from elmo_jax.core.vocab import Vocabulary
 
 
 def check_eval_batch(config: TrainConfig, n_devices: int) -> None:

@@ -25,11 +25,13 @@ from typing import Any, Callable
 
 import jax
 
-from elmo_jax import checkpoints, errors, paths
+from elmo_jax import errors
+from elmo_jax.formats import checkpoints
+from elmo_jax.storage import paths
 from elmo_jax import data as data_lib
 from elmo_jax.config import Config, ConfigError, check_paths, check_ranges, save_config
-from elmo_jax.options import ElmoOptions
-from elmo_jax.stored import CONFIG_FILE, StoredModel, read_run
+from elmo_jax.core.options import ElmoOptions
+from elmo_jax.formats.stored_model import CONFIG_FILE, StoredModel, read_run
 from elmo_jax.training.evaluation import check_eval_batch, evaluate, warm_evaluation
 from elmo_jax.training.feeding import Feeder
 from elmo_jax.training.partitioning import (abstract_batch, check_divisible, create_train_step,
@@ -43,7 +45,7 @@ from elmo_jax.training.stopping import (StopPolicy, signalled_during_start_up, s
 from elmo_jax.training.workdir import (MetricsLog, TrainingError, flat_settings, load_pretrained,
                                        run_lexicon, restore_checkpoint, save_checkpoint,
                                        settings_on_resume, write_run)
-from elmo_jax.vocab import Vocabulary
+from elmo_jax.core.vocab import Vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ def segmented(config: Config) -> Config:
     d = config.data
     if not d.tokenize:
         return config
-    from elmo_jax.segmentation import segmented_files
+    from elmo_jax.data.segmentation import segmented_files
 
     if d.source != "text" or (d.train_files and data_lib.tokens.is_prepared(d.train_files)):
         raise ConfigError("data.tokenize applies to text files (--train_files GLOB), not to "

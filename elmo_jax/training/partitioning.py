@@ -20,8 +20,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from elmo_jax.config import TrainConfig
-from elmo_jax.options import ElmoOptions
-from elmo_jax.softmax import ROWS, SOFTMAX_ROW_MULTIPLE, softmax_rows
+from elmo_jax.core.options import ElmoOptions
+from elmo_jax.core.softmax import ROWS, SOFTMAX_ROW_MULTIPLE, softmax_rows
 from elmo_jax.training.steps import TrainState, init_train_state, make_optimizer, train_step
 
 

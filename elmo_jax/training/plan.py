@@ -31,8 +31,8 @@ import jax
 import numpy as np
 
 from elmo_jax.config import Config, ConfigError
-from elmo_jax.options import ElmoOptions
-from elmo_jax.shapes import round_up
+from elmo_jax.core.options import ElmoOptions
+from elmo_jax.core.batching import round_up
 from elmo_jax.training.partitioning import (abstract_batch, create_train_step, make_mesh,
                                             model_axis_hosts)
 from elmo_jax.training.targets import TARGETS, Target, compile_only_devices
@@ -152,9 +152,9 @@ def embed_plan(options: ElmoOptions, mesh, rows: int, length: int = 20) -> dict:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from elmo_jax.embedding import _embed  # the jitted program `embed` runs
-    from elmo_jax.model import init_params
-    from elmo_jax.softmax import ROWS
+    from elmo_jax.core.embedding import _embed  # the jitted program `embed` runs
+    from elmo_jax.core.bilm import init_params
+    from elmo_jax.core.softmax import ROWS
 
     replicated = NamedSharding(mesh, P())
     params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),

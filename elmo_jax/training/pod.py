@@ -41,9 +41,9 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from elmo_jax import paths
+from elmo_jax.storage import paths
 from elmo_jax.supervision import FINISHED_SUFFIX, PEERS_FILE_ENV
-from elmo_jax.files import write_text
+from elmo_jax.storage.files import write_text
 
 KEY = "elmo_jax/failed/"
 ALIVE = "elmo_jax/alive/"

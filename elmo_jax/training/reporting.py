@@ -10,7 +10,7 @@ import time
 
 import jax
 
-from elmo_jax import copies, paths
+from elmo_jax.storage import copies, paths
 from elmo_jax.config import profile_window
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # XLA compiled a program

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import optax
 
 from elmo_jax.config import SOFTMAX_INITS, TrainConfig
-from elmo_jax.model import BiLM, LSTMState, init_params, init_state
-from elmo_jax.options import ElmoOptions
-from elmo_jax.softmax import (PAD_BIAS, chunked_softmax_loss, expected_count,
+from elmo_jax.core.bilm import BiLM, LSTMState, init_params, init_state
+from elmo_jax.core.options import ElmoOptions
+from elmo_jax.core.softmax import (PAD_BIAS, chunked_softmax_loss, expected_count,
                               log_uniform_prob, log_uniform_sample, pad_softmax,
                               sampled_softmax_from_rows, sharded_full_softmax_loss, sharded_rows,
                               softmax_rows)

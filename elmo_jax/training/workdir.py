@@ -1,6 +1,6 @@
 """A training run's folder, as training writes and resumes it: the run's
 config and vocabulary, checkpoints with every process's data position
-(`elmo_jax/checkpoints.py` owns their layout), the export of the newest
+(`elmo_jax/formats/checkpoints.py` owns their layout), the export of the newest
 checkpoint, a pretrained starting point for fine-tuning, and the metrics log.
 
     WORKDIR/config.json       the resolved config (model options with n_tokens_vocab)
@@ -19,15 +19,16 @@ import os
 import jax
 import numpy as np
 
-from elmo_jax import checkpoints, copies, paths
-from elmo_jax import export as export_lib
+from elmo_jax.formats import checkpoints
+from elmo_jax.storage import copies, paths
+from elmo_jax.formats import export as export_lib
 from elmo_jax.config import Config, save_config
 from elmo_jax.errors import UserError
-from elmo_jax.lexicon import LEXICON_FILE, Lexicon
-from elmo_jax.stored import CONFIG_FILE, StoredModel, open_model
+from elmo_jax.core.lexicon import LEXICON_FILE, Lexicon
+from elmo_jax.formats.stored_model import CONFIG_FILE, StoredModel, open_model
 from elmo_jax.training.partitioning import cursor_sharding
 from elmo_jax.training.steps import TrainState
-from elmo_jax.vocab import Vocabulary
+from elmo_jax.core.vocab import Vocabulary
 
 
 class TrainingError(UserError, RuntimeError):

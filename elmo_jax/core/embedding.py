@@ -1,0 +1,252 @@
+"""`embed`: character ids -> the ELMo layer stack, plus the learned scalar mix.
+
+`embed` is a pure function of (params, char_ids[, state][, mix]); the options
+are static. It runs a program jitted with the options' network and
+`mix_layer_norm` static (one program for every options file of one network),
+and works under `jax.grad`, `jax.vmap` and a sharded `jax.jit` (no Python
+control flow on data). The notebook wrapper is `elmo.Elmo`; the hdf5 dump `dump.py`.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from elmo_jax.core.bilm import BiLM, LSTMState, init_state, token_mask
+from elmo_jax.core.options import ElmoOptions
+
+
+class EmbedOutput(NamedTuple):
+    """What `embed` returns (a pytree).
+
+    Attributes:
+        layers: [L+1, B, T, 2P] float32. Layer 0 is the token vectors
+            duplicated, then one per LSTM layer (forward half, backward half);
+            zero at padded tokens.
+        mask: [B, T] bool, True at real tokens.
+        state: the LSTMState after the last real position of each row.
+        mixed: one [B, T, 2P] array per scalar mix, or None without `mix`.
+        mix_weights: [n_mixes, L+1] softmax-normalised mix weights, or None.
+    """
+    layers: jax.Array
+    mask: jax.Array
+    state: LSTMState
+    mixed: tuple | None = None
+    mix_weights: jax.Array | None = None
+
+
+def init_mix(options: ElmoOptions, n_mixes: int = 1) -> dict:
+    """Scalar-mix parameters that start as an equal average of the layers.
+
+    Args:
+        options: the biLM's `ElmoOptions` (its L+1 output layers).
+        n_mixes: how many mixes (AllenNLP's num_output_representations).
+
+    Returns:
+        {"weights": [n_mixes, L+1] float32 zeros (softmax gives equal weights),
+        "gamma": [n_mixes] float32 ones}.
+
+    Raises:
+        ValueError: `n_mixes` < 1.
+    """
+    if n_mixes < 1:
+        raise ValueError(f"n_mixes must be >= 1, got {n_mixes}")
+    return {"weights": jnp.zeros((n_mixes, options.n_output_layers), jnp.float32),
+            "gamma": jnp.ones((n_mixes,), jnp.float32)}
+
+
+def _layer_norm(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """AllenNLP's ScalarMix layer norm: one mean and variance over all unmasked
+    elements of the layer x [B, T, W] (mask [B, T])."""
+    m = mask[..., None].astype(x.dtype)
+    n = jnp.maximum(jnp.sum(m) * x.shape[-1], 1.0)
+    mean = jnp.sum(x * m) / n
+    var = jnp.sum(((x * m - mean) * m) ** 2) / n
+    return (x - mean) / jnp.sqrt(var + 1e-13)
+
+
+def mix_weights(mix: dict) -> jax.Array:
+    """The mixes' layer weights [n_mixes, K]: softmax of the raw scalars."""
+    return jax.nn.softmax(jnp.asarray(mix["weights"]), axis=-1)
+
+
+def scalar_mix(layers: jax.Array, mask: jax.Array, mix: dict, layer_norm: bool = False):
+    """AllenNLP's ScalarMix: gamma * sum_k softmax(w)_k * layer_k, for each mix.
+
+    Args:
+        layers: [K, B, T, W] float, the layer stack (`EmbedOutput.layers`).
+        mask: [B, T] bool, True at real tokens (used by the layer norm).
+        mix: parameters from `init_mix` (weights [n_mixes, K], gamma [n_mixes]).
+        layer_norm: normalise each layer over its unmasked elements first
+            (AllenNLP's do_layer_norm).
+
+    Returns:
+        (a tuple of n_mixes [B, T, W] arrays, the weights [n_mixes, K] after
+        the softmax).
+    """
+    weights = mix_weights(mix)
+    if layer_norm:
+        layers = jax.vmap(_layer_norm, in_axes=(0, None))(layers, mask)
+    mixed = jnp.einsum("nk,kbtw->nbtw", weights, layers) * mix["gamma"][:, None, None, None]
+    return tuple(mixed), weights
+
+
+_STATIC = ("options", "mix_layer_norm", "unroll", "dtype", "segments")
+
+
+# The jitted programs are keyed on the network alone (`ElmoOptions.network`)
+# and a canonical dtype: two options files of one network that differ in a
+# training field (batch_size, n_epochs, ...) share one compiled program, and
+# so do dtype="bfloat16" and jnp.bfloat16. The public functions below say so;
+# `_encode_tokens`, `_embed` and `_embed_token_vectors` are what they run.
+
+
+def encode_tokens(params: dict, char_ids: jax.Array, options: ElmoOptions) -> jax.Array:
+    """Context-independent token vectors: the character CNN, the highway layers
+    and the projection (half of layer 0), without the LSTMs.
+
+    Args:
+        params: the biLM's parameters.
+        char_ids: [..., C] int32 character ids of tokens (`batch_to_char_ids`).
+        options: the model's `ElmoOptions` (static).
+
+    Returns:
+        [..., P] float32 token vectors (P = options.lstm.projection_dim).
+    """
+    return _encode_tokens(params, char_ids, options.network())
+
+
+@functools.partial(jax.jit, static_argnames=("options",))
+def _encode_tokens(params: dict, char_ids: jax.Array, options: ElmoOptions) -> jax.Array:
+    return BiLM(options).apply({"params": params}, char_ids, method=BiLM.encode_tokens)
+
+
+def _canonical(options: ElmoOptions, dtype) -> tuple:
+    return options.network(), jnp.dtype(dtype)
+
+
+def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
+          state: LSTMState | None = None, mix: dict | None = None, *,
+          mix_layer_norm: bool = False, unroll: int = 1, dtype=jnp.float32,
+          segments: tuple | None = None) -> EmbedOutput:
+    """ELMo representations of a batch: a pure function of the parameters and
+    the character ids (the options are static), so it goes under `jax.jit`,
+    `jax.grad`, `jax.vmap` and a sharded `jit`.
+
+    Args:
+        params: the biLM's parameters (`open_model(...).params`,
+            `load_weights`, `init_params` or training).
+        char_ids: [B, T, C] int32 from `batch_to_char_ids`: real tokens first in
+            each row, then all-zero padding tokens. `chars.trim_padding` may cut
+            C first (the same output, a cheaper character CNN); any other C
+            under the options' must not cut a token's spelling.
+        options: the model's `ElmoOptions` (static: its network is the jit key).
+        state: an LSTMState for B rows to continue from (stateful use, as
+            bilm-tf's), or None to start from zeros (the default: a sentence
+            always gets the same vectors).
+        mix: scalar-mix parameters from `init_mix`; adds `mixed` and
+            `mix_weights`. The mix is taken over positions including
+            `<S>`/`</S>`, as AllenNLP does, so its layer norm sees the same
+            elements.
+        mix_layer_norm: AllenNLP's `do_layer_norm` for the mix.
+        unroll: the `lax.scan` unroll of the LSTMs.
+        dtype: the matmuls' input dtype (bfloat16 on accelerators; the cell
+            state and gates stay float32).
+        segments: a packed schedule for rows sorted by length (see
+            `embed_token_vectors`).
+
+    Returns:
+        An `EmbedOutput`: layers [L+1, B, T, 2P], mask [B, T], the new state,
+        and the mixes when `mix` is given.
+    """
+    options, dtype = _canonical(options, dtype)
+    return _embed(params, char_ids, options, state, mix, mix_layer_norm=mix_layer_norm,
+                  unroll=unroll, dtype=dtype, segments=segments)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
+           state: LSTMState | None = None, mix: dict | None = None, *,
+           mix_layer_norm: bool = False, unroll: int = 1, dtype=jnp.float32,
+           segments: tuple | None = None) -> EmbedOutput:
+    if char_ids.ndim != 3:
+        raise ValueError(f"char_ids must be [batch, tokens, chars], got shape {char_ids.shape}")
+    C, widest = options.char_cnn.max_characters_per_token, options.char_cnn.widest_filter
+    if options.char_cnn.spelling == "lexicon":
+        if char_ids.shape[2] != options.char_cnn.ids_per_token:
+            raise ValueError(f"char_ids have {char_ids.shape[2]} ids per token; this model "
+                             f"spells a token with {options.char_cnn.ids_per_token} "
+                             "(`lexicon.Lexicon.batch_ids`)")
+    elif not widest <= char_ids.shape[2] <= C:  # fewer than C: cut by `chars.trim_padding`
+        raise ValueError(f"char_ids have {char_ids.shape[2]} characters per token; the options "
+                         f"say {C} (or fewer, cut by chars.trim_padding, but at least the "
+                         f"widest filter, {widest})")
+    if not jnp.issubdtype(char_ids.dtype, jnp.integer):
+        raise TypeError(f"char_ids must be integers, got {char_ids.dtype}")
+    tokens = _encode_tokens(params, char_ids.astype(jnp.int32), options)
+    return _embed_token_vectors(params, tokens, token_mask(char_ids), options, state, mix,
+                                mix_layer_norm=mix_layer_norm, unroll=unroll, dtype=dtype,
+                                segments=segments)
+
+
+def embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array, options: ElmoOptions,
+                        state: LSTMState | None = None, mix: dict | None = None, *,
+                        mix_layer_norm: bool = False, unroll: int = 1,
+                        dtype=jnp.float32, segments: tuple | None = None) -> EmbedOutput:
+    """`embed` from token vectors instead of character ids: the same output.
+
+    Args:
+        params: the biLM's parameters.
+        tokens: [B, T, P] float token vectors (from `encode_tokens`, or a cache
+            of them), zero or anything at padded positions.
+        mask: [B, T] bool, True at real tokens (each row's first tokens).
+        options: the model's `ElmoOptions` (static).
+        state: an LSTMState for B rows to continue from, or None (zeros).
+        mix: scalar-mix parameters from `init_mix`, or None.
+        mix_layer_norm: AllenNLP's do_layer_norm for the mix.
+        unroll: the `lax.scan` unroll of the LSTMs.
+        dtype: the matmuls' input dtype.
+        segments: `model.packed_segments(lengths + 2)` for rows sorted by
+            length, longest first: the LSTMs then skip most padding (as
+            AllenNLP does); None runs every row over all T.
+
+    Returns:
+        An `EmbedOutput`, as `embed`'s.
+    """
+    options, dtype = _canonical(options, dtype)
+    return _embed_token_vectors(params, tokens, mask, options, state, mix,
+                                mix_layer_norm=mix_layer_norm, unroll=unroll, dtype=dtype,
+                                segments=segments)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def _embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array,
+                         options: ElmoOptions, state: LSTMState | None = None,
+                         mix: dict | None = None, *, mix_layer_norm: bool = False,
+                         unroll: int = 1, dtype=jnp.float32,
+                         segments: tuple | None = None) -> EmbedOutput:
+    if tokens.ndim != 3 or tokens.shape[-1] != options.lstm.projection_dim:
+        raise ValueError(f"tokens must be [batch, tokens, {options.lstm.projection_dim}], "
+                         f"got shape {tokens.shape}")
+    B, T, _ = tokens.shape
+    if B == 0:
+        raise ValueError("embed got an empty batch (0 rows)")
+    if state is None:
+        state = init_state(options, B)
+    elif state.h.shape[2] != B:
+        raise ValueError(f"state has {state.h.shape[2]} rows but the batch has {B}; "
+                         "slice or pad the state to the batch")
+    model = BiLM(options, unroll=unroll, dtype=dtype, segments=segments)
+    full, full_mask, new_state = model.apply({"params": params}, tokens, mask, state,
+                                             method=BiLM.sentences)
+
+    def strip(a):  # drop <S> and </S>; zero padded tokens
+        return a[..., 1:T + 1, :] * mask[..., None]
+
+    out = EmbedOutput(layers=strip(full), mask=mask, state=new_state)
+    if mix is not None:
+        mixed, weights = scalar_mix(full, full_mask, mix, mix_layer_norm)
+        out = out._replace(mixed=tuple(strip(m) for m in mixed), mix_weights=weights)
+    return out

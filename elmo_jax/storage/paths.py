@@ -1,0 +1,301 @@
+"""Every path a user gives, local or in a bucket: `gs://bucket/...` (Google
+Cloud Storage, through gcsfs) and `s3://bucket/...` (S3 and its look-alikes,
+through s3fs), both fsspec file systems. A local path behaves as it always has
+(`~` expanded, `file://` taken off); a path of another scheme, or a malformed
+one, is a `PathError` before anything is read or written.
+
+A bucket is not a disk: an object is written whole or not at all, never
+appended to nor renamed. So writes go to a local temporary file that is
+uploaded whole on success (`files.atomic_path`), and reads that want a local
+file (h5py, a memory map, a corpus read many times) take `local_copy`: the
+object downloaded once into the local cache, keyed by the object's identity
+(size and generation), so a changed object is fetched again.
+
+The clients, their credentials, errors and retries are `buckets.py`'s; the
+local copies of objects and the local mirrors of bucket folders `copies.py`'s.
+"""
+from __future__ import annotations
+
+import builtins
+import os
+import re
+import shutil
+import tempfile
+
+from elmo_jax.storage.clients import REMOTE, filesystem, retry, storage_errors
+from elmo_jax.errors import PathError, StorageError
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+# gs:/b: a bucket path through os.path.normpath (the "gs:" folder of old)
+_ONE_SLASH = re.compile(r"^(gs|s3):/(?!/)", re.IGNORECASE)
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._\-]{1,220}[a-z0-9]$")
+
+
+def scheme(path: str | os.PathLike) -> str | None:
+    """"gs" or "s3" for a bucket path, None for a local one; a PathError for
+    any other scheme or a malformed bucket path."""
+    text = os.fspath(path)
+    one = _ONE_SLASH.match(text)
+    if one:
+        raise PathError(f"{text}: a bucket path is {one.group(1).lower()}://BUCKET/PATH "
+                        "(two slashes)")
+    m = _SCHEME.match(text)  # a local name may hold a colon ("a:b"), never "://"
+    if m is None:
+        return None
+    name = m.group(1).lower()
+    if name == "file":
+        return None
+    if name not in REMOTE:
+        raise PathError(f"{text}: elmo-jax reads and writes local paths, gs://BUCKET/... and "
+                        f"s3://BUCKET/...; not {name}://")
+    bucket = text[m.end():].split("/", 1)[0]
+    if not _BUCKET.match(bucket):
+        raise PathError(f"{text}: {bucket!r} is not a bucket name (3-222 characters: "
+                        "lower-case letters, digits, '.', '-' and '_')")
+    return name
+
+
+def is_remote(path) -> bool:
+    return path is not None and scheme(path) is not None
+
+
+def check(path: str | os.PathLike) -> str:
+    """`path` as elmo-jax uses it: a bucket path as given (without a trailing
+    slash), a local one with `~` expanded and `file://` taken off."""
+    text = os.fspath(path)
+    if scheme(text) is not None:
+        return text.rstrip("/") if text.count("/") > 3 else text
+    if text.lower().startswith("file://"):
+        text = text[len("file://"):]
+    return os.path.expanduser(text)
+
+
+def join(path, *parts: str) -> str:
+    path = check(path)
+    if scheme(path) is None:
+        return os.path.join(path, *parts)
+    return "/".join([path.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def dirname(path) -> str:
+    path = check(path)
+    return path.rsplit("/", 1)[0] if is_remote(path) else os.path.dirname(path)
+
+
+def basename(path) -> str:
+    path = check(path)
+    return path.rstrip("/").rsplit("/", 1)[-1] if is_remote(path) else os.path.basename(path)
+
+
+def _ask(path, question: str) -> bool:
+    """os.path's `question` ("exists", "isdir", "isfile") of a local path, or
+    the bucket's of an object path (a missing bucket is a StorageError)."""
+    path = check(path)
+    if not is_remote(path):
+        return getattr(os.path, question)(path)
+    with storage_errors(path):
+        return bucket_checked(path, getattr(filesystem(path), question)(path))
+
+
+def exists(path) -> bool:
+    return _ask(path, "exists")
+
+
+def isdir(path) -> bool:
+    return _ask(path, "isdir")
+
+
+def isfile(path) -> bool:
+    return _ask(path, "isfile")
+
+
+def bucket_checked(path: str, found: bool) -> bool:
+    """`found` (an object or prefix `path` was found), after making sure that
+    a path not found is not a bucket that does not exist (which every client
+    reports as a path not found)."""
+    if found:
+        return True
+    fs = filesystem(path)
+    bucket = path.split("/")[2]
+    try:
+        fs.ls(bucket, detail=False)
+    except FileNotFoundError:
+        raise StorageError(f"the bucket {bucket} of {path} does not exist: create it, or "
+                           "check its name") from None
+    return False
+
+
+def makedirs(path) -> None:
+    """A local folder and its parents; nothing for a bucket path, whose
+    folders are only the names of the objects in them."""
+    path = check(path)
+    if not is_remote(path):
+        os.makedirs(path, exist_ok=True)
+    else:
+        exists(path)  # a bucket that does not exist is said now, not at the first write
+
+
+def glob(pattern) -> list[str]:
+    """The files matching a glob, sorted (bucket paths with their scheme)."""
+    pattern = check(pattern)
+    if not is_remote(pattern):
+        import glob as _glob
+
+        return sorted(p for p in _glob.glob(pattern) if os.path.isfile(p))
+    name, fs = scheme(pattern), filesystem(pattern)
+    with storage_errors(pattern):
+        try:
+            found = fs.glob(pattern, detail=True)
+        except FileNotFoundError:
+            found = {}
+        if not found:
+            bucket_checked(pattern, False)
+    return sorted(f"{name}://{p}" for p, info in found.items() if info.get("type") == "file")
+
+
+def listdir(path) -> list[str]:
+    """The names in a folder (for a bucket path, of the objects and prefixes
+    under it); [] when there is none."""
+    path = check(path)
+    if not is_remote(path):
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
+    fs = filesystem(path)
+    with storage_errors(path):
+        try:
+            return sorted(p.rstrip("/").rsplit("/", 1)[-1]
+                          for p in fs.ls(path, detail=False, refresh=True)
+                          if p.rstrip("/") != path.split("://", 1)[1].rstrip("/"))
+        except FileNotFoundError:
+            bucket_checked(path, False)
+            return []
+
+
+def open(path, mode: str = "rb", **kwargs):  # noqa: A001 (the name says what it is)
+    """A file object of `path`: local, or a bucket object (read: streamed in
+    blocks; write: uploaded when closed; prefer `files.atomic_path` for
+    writes, which uploads only on success)."""
+    path = check(path)
+    if not is_remote(path):
+        return builtins.open(path, mode, **kwargs)
+    with storage_errors(path):
+        return filesystem(path).open(path, mode, **kwargs)
+
+
+def read_bytes(path) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def read_text(path) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def remove(path, recursive: bool = False) -> None:
+    path = check(path)
+    if not is_remote(path):
+        if os.path.isdir(path) and recursive:
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+        return
+    with storage_errors(path):
+        try:
+            filesystem(path).rm(path, recursive=recursive)
+        except FileNotFoundError:
+            pass
+
+
+def upload(local: str, path: str) -> None:
+    """Put a local file at a bucket path, whole (an object appears complete
+    or not at all); tried again for `retry_seconds()` while the service fails."""
+    fs = filesystem(path)
+
+    def put():
+        with storage_errors(path):
+            fs.put_file(local, path)
+    retry(put, path)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """`data` as the file or object `path`, whole (see `upload`)."""
+    path = check(path)
+    if not is_remote(path):
+        from elmo_jax.storage.files import atomic_path
+
+        with atomic_path(path) as tmp, builtins.open(tmp, "wb") as fh:
+            fh.write(data)
+        return
+    fs = filesystem(path)
+
+    def pipe():
+        with storage_errors(path):
+            fs.pipe_file(path, data)
+    retry(pipe, path)
+
+
+def create_new(path: str, data: bytes) -> bool:
+    """`data` as the new object `path` unless one is there (then False): the
+    service checks, in one request (GCS: ifGenerationMatch=0, S3:
+    If-None-Match), so of two writers exactly one creates it. A retry after a
+    lost answer may find its own object: callers write what identifies them."""
+    fs = filesystem(path)
+
+    def pipe():
+        with storage_errors(path):
+            fs.pipe_file(path, data, mode="create")
+    try:
+        retry(pipe, path)
+        return True
+    except FileExistsError:
+        return False
+
+
+def version(path) -> tuple[int, str]:
+    """(size, what changes when the file changes): a local file's mtime, an
+    object's generation (or ETag), asked afresh (no listing cache)."""
+    path = check(path)
+    if not is_remote(path):
+        st = os.stat(path)
+        return st.st_size, str(st.st_mtime_ns)
+    with storage_errors(path):
+        info = filesystem(path).info(path)
+    return int(info.get("size")), object_changes(info)
+
+
+def object_changes(info: dict) -> str:
+    """What changes when an object changes, from its info or listing entry:
+    GCS's generation, S3's ETag (or a modification time)."""
+    return str(info.get("generation") or info.get("ETag") or info.get("etag")
+               or info.get("mtime") or info.get("LastModified") or info.get("updated"))
+
+
+def identity(path) -> str:
+    """`version(path)` as one string, for cache keys."""
+    size, changes = version(path)
+    return f"{size}-{changes}"
+
+
+def download(path: str, dest: str) -> None:
+    """The object `path` as the local file `dest`, which appears whole (a
+    temporary beside it, renamed); tried again while the service fails."""
+    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".download.", dir=os.path.dirname(dest) or ".")
+    os.close(fd)
+
+    def get():
+        with storage_errors(path):
+            filesystem(path).get_file(path, tmp)
+    try:
+        retry(get, path)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def size(path) -> int:
+    path = check(path)
+    if not is_remote(path):
+        return os.path.getsize(path)
+    with storage_errors(path):
+        return int(filesystem(path).info(path)["size"])
+
