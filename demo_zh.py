@@ -51,7 +51,7 @@ def prepare_data(cache_dir, workdir):
 
 def evaluate(workdir, train_glob, vocab_file, evals):
     from elmo_jax import training
-    from elmo_jax.baselines import unigram_perplexity
+    from elmo_jax.training.evaluation import unigram_perplexity
     from elmo_jax.core.vocab import Vocabulary
 
     section("held-out perplexity (full softmax) beside the add-one unigram model's")

@@ -188,7 +188,7 @@ def chinese(args) -> dict:
     perplexity beside the add-one unigram model's, and People's Daily tagging."""
     from elmo_jax import training
     from elmo_jax.data import recipes
-    from elmo_jax.baselines import unigram_perplexity
+    from elmo_jax.training.evaluation import unigram_perplexity
     from elmo_jax.data.recipes.common import link_shards
     from elmo_jax.formats.hub import DownloadError, resolve
     from elmo_jax.tasks import pos

@@ -107,7 +107,7 @@ def test_a_tiny_chinese_bilm_beats_the_unigram_model(tmp_path, zh_articles, monk
     characters): the 50 of English words would make the character CNN cost
     two and a half times as much here."""
     from elmo_jax import training
-    from elmo_jax.baselines import unigram_perplexity
+    from elmo_jax.training.evaluation import unigram_perplexity
     from elmo_jax.config import DataConfig, load_config
     from elmo_jax.data import vocab_from_files
 

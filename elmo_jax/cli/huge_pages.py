@@ -21,15 +21,17 @@ from __future__ import annotations
 import os
 import sys
 
+from elmo_jax import environment
+
 TUNABLE = "glibc.malloc.hugetlb=1"
-OPT_OUT = "ELMO_JAX_DEFAULT_MALLOC"
+OPT_OUT = environment.DEFAULT_MALLOC
 
 
 def tuned_environment(env: dict) -> dict | None:
     """`env` with TUNABLE added to GLIBC_TUNABLES, or None when it needs no
     change: the tunable (or any hugetlb setting) is there already, or `env`
     opts out."""
-    if env.get(OPT_OUT, "") not in ("", "0"):
+    if not environment.huge_pages_wanted(env):
         return None
     tunables = env.get("GLIBC_TUNABLES", "")
     if any(t.split("=")[0] == "glibc.malloc.hugetlb" for t in tunables.split(":")):

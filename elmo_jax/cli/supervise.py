@@ -13,7 +13,8 @@ import subprocess
 import sys
 import time
 
-from elmo_jax.supervision import FINISHED_SUFFIX, PEERS_FILE_ENV
+from elmo_jax import environment
+from elmo_jax.environment import FINISHED_SUFFIX
 
 
 def supervise(argv: list[str], who: str) -> int:
@@ -28,7 +29,7 @@ def supervise(argv: list[str], who: str) -> int:
     fd, peers = tempfile.mkstemp(prefix="elmo-jax-peers-", suffix=".json")
     os.close(fd)
     os.unlink(peers)
-    env = dict(os.environ, ELMO_JAX_SUPERVISED="1", **{PEERS_FILE_ENV: peers})
+    env = dict(os.environ, **{environment.SUPERVISED: "1", environment.PEERS_FILE: peers})
     # a session of its own: a Ctrl-C reaches it once, from here
     # the same command line (a wrapper around train.py included), unless called with other args
     from_command_line = sys.argv[len(sys.argv) - len(argv):] == list(argv)

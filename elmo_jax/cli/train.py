@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+
+from elmo_jax import environment
 
 # flag -> config path: the flags users already type, as shorthands for --set
 SHORTHANDS = {
@@ -88,7 +89,7 @@ def _train(argv, prog):
         ap.error("--batch_size (global) and --per_device_batch: give one")
 
     several = args.distributed or args.coordinator_address
-    if several and not os.environ.get("ELMO_JAX_SUPERVISED"):
+    if several and not environment.supervised():
         from elmo_jax.cli.supervise import supervise
 
         # jax can end a process from C++; its parent then says why in one line

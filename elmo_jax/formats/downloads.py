@@ -41,6 +41,7 @@ import urllib.parse
 import urllib.request
 
 from elmo_jax.storage import copies, paths
+from elmo_jax import environment
 from elmo_jax.errors import UserError
 from elmo_jax.storage.files import write_json
 from elmo_jax.formats.registry import File, Published
@@ -60,18 +61,13 @@ def cache_dir() -> str:
 
 def shared_cache() -> str | None:
     """`$ELMO_JAX_CACHE` when it is a bucket prefix, else None."""
-    root = os.environ.get("ELMO_JAX_CACHE")
+    root = environment.cache_setting()
     return paths.check(root).rstrip("/") if root and paths.is_remote(root) else None
-
-
-def offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("ELMO_JAX_OFFLINE", "HF_HUB_OFFLINE"))
 
 
 def mirrored(url: str) -> str:
     """`url` at `$ELMO_JAX_ENDPOINT`'s host, same path (unchanged without it)."""
-    endpoint = os.environ.get("ELMO_JAX_ENDPOINT")
+    endpoint = environment.endpoint()
     if not endpoint:
         return url
     parts = urllib.parse.urlsplit(url)
@@ -93,7 +89,7 @@ def fetch_file(file: File, dest: str, model: Published | None = None,
         try:
             return fetch(mirrored(url), dest, file, progress=progress, shown=url, share=share)
         except DownloadError as e:
-            if offline():
+            if environment.offline():
                 raise
             failures.append(str(e))
     note = f" ({model.name}: {model.note})" if model is not None and model.note else ""
@@ -134,7 +130,7 @@ def fetch(url: str, dest: str, expected: File | None = None, progress: bool = Tr
     shown = shown or url
     if _cached(dest, expected) or (share and _from_shared(dest, expected)):
         return dest
-    if offline():
+    if environment.offline():
         raise DownloadError(f"offline (ELMO_JAX_OFFLINE / HF_HUB_OFFLINE is set) and {shown} "
                             f"is not in the cache ({dest}): run once with a network, or "
                             "copy the file there")

@@ -17,6 +17,7 @@ import contextlib
 import os
 import time
 
+from elmo_jax import environment
 from elmo_jax.errors import PathError, StorageError, UserError
 
 # scheme -> (the fsspec protocol, the package that implements it, the extra)
@@ -158,7 +159,7 @@ def first_line(e: BaseException) -> str:
     return text[:300] if text else repr(e)
 
 
-RETRY_ENV = "ELMO_JAX_STORAGE_RETRY_SECONDS"
+RETRY_ENV = environment.STORAGE_RETRY_SECONDS
 RETRY_SECONDS = 300.0  # a bucket's transient outage outlasted by elmo-jax's writes
 
 
@@ -167,7 +168,7 @@ def retry_seconds() -> float:
     fails: $ELMO_JAX_STORAGE_RETRY_SECONDS, else 300 (beyond the clients' own
     retries, which outlast a blip of seconds)."""
     try:
-        return max(0.0, float(os.environ.get(RETRY_ENV, RETRY_SECONDS)))
+        return environment.storage_retry_seconds(RETRY_SECONDS)
     except ValueError:
         raise PathError(f"{RETRY_ENV} must be a number of seconds, got "
                         f"{os.environ[RETRY_ENV]!r}") from None

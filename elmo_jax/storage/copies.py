@@ -17,13 +17,14 @@ import shutil
 import tempfile
 
 from elmo_jax.storage import clients, paths
+from elmo_jax import environment
 from elmo_jax.errors import MissingFile
 
 
 def local_cache_root() -> str:
     """The local cache: $ELMO_JAX_CACHE when it is a local path, else
     ~/.cache/elmo-jax (under $XDG_CACHE_HOME if set)."""
-    root = os.environ.get("ELMO_JAX_CACHE")
+    root = environment.cache_setting()
     if not root or paths.is_remote(root):
         root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                             "elmo-jax")

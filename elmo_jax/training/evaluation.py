@@ -1,10 +1,12 @@
 """Held-out perplexity: `evaluate(params, ...)` over files read once in
 order, with the state carried, and `evaluate_workdir` for a run's newest
 checkpoint. The step is compiled once, for one batch shape (training compiles
-it before step 1: `warm_evaluation`)."""
+it before step 1: `warm_evaluation`). `unigram_perplexity` is the floor a
+biLM must beat."""
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -136,3 +138,24 @@ def evaluate_workdir(workdir: str, eval_files: str) -> dict:
     return {"step": run.step,
             **evaluate(params, run.options, run.config.train, run.vocab, eval_files,
                        lexicon=run.lexicon)}
+
+
+def unigram_perplexity(train_files: str, vocab: Vocabulary, eval_files: str) -> dict:
+    """{"ppl", "predictions"} of the add-one (Laplace) unigram model of
+    `train_files` (a glob) on `eval_files` (a glob): the floor a biLM's
+    held-out perplexity must beat. It predicts what `evaluate` predicts: each
+    sentence's words and one boundary (`</S>` forward, `<S>` backward: both
+    occur once a sentence, so the two directions' perplexities are equal),
+    over the biLM's vocabulary, unknown words as `<UNK>`."""
+    counts = np.zeros(len(vocab), np.int64)
+    for path in data_lib.list_shards(train_files):
+        for s in data_lib.read_sentences(path):
+            np.add.at(counts, vocab.encode(s), 1)
+            counts[vocab.eos] += 1
+    logp = np.log((counts + 1) / (counts.sum() + len(vocab)))
+    total, n = 0.0, 0
+    for path in data_lib.list_shards(eval_files):
+        for s in data_lib.read_sentences(path):
+            total += float(logp[vocab.encode(s)].sum() + logp[vocab.eos])
+            n += len(s) + 1
+    return {"ppl": math.exp(-total / n), "predictions": n}

@@ -41,8 +41,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from elmo_jax import environment
 from elmo_jax.storage import paths
-from elmo_jax.supervision import FINISHED_SUFFIX, PEERS_FILE_ENV
 from elmo_jax.storage.files import write_text
 
 KEY = "elmo_jax/failed/"
@@ -165,7 +165,7 @@ def _who() -> str:
 def _say_whom_we_heard(heard: dict, now: float) -> None:
     """For `supervise`: when this process last heard each peer (a file it reads
     if jax aborts this one)."""
-    path = os.environ.get(PEERS_FILE_ENV)
+    path = environment.peers_file()
     if path:
         try:
             with open(path + ".tmp", "w") as fh:
@@ -272,9 +272,9 @@ def finish_together() -> None:
     except Exception as e:
         _leave(f"{_who()} finished, but not every process did within {timeout:g} s "
                f"(--heartbeat_timeout): {str(e).splitlines()[0] if str(e) else e!r}")
-    path = os.environ.get(PEERS_FILE_ENV)
+    path = environment.peers_file()
     if path:
-        with open(path + FINISHED_SUFFIX, "w"):
+        with open(path + environment.FINISHED_SUFFIX, "w"):
             pass
 
 

@@ -17,6 +17,7 @@ import importlib.util
 import os
 import site
 
+from elmo_jax import environment
 from elmo_jax.errors import UserError
 
 
@@ -132,8 +133,7 @@ def accelerators_dir() -> str:
     """Where `make` installs the compilers: the checkout's .venv/accelerators
     ($ELMO_JAX_ACCELERATORS elsewhere)."""
     checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return os.environ.get("ELMO_JAX_ACCELERATORS") or os.path.join(checkout, ".venv",
-                                                                   "accelerators")
+    return environment.accelerators_dir(checkout)
 
 
 def libtpu_path() -> str | None:
