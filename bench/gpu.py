@@ -115,7 +115,7 @@ def bench_embed(options, params, batch, dtype, seconds, length=27):
     import jax.numpy as jnp
     import numpy as np
 
-    from elmo_jax.core.embedding import _embed_token_vectors, embed_token_vectors, encode_tokens
+    from elmo_jax.core.embedding import embed_token_vectors_program, embed_token_vectors, encode_tokens
 
     rng = np.random.default_rng(0)
     C = options.char_cnn.max_characters_per_token
@@ -136,7 +136,7 @@ def bench_embed(options, params, batch, dtype, seconds, length=27):
     tokens = batch * length
     flops = (tokens + 2 * batch) * f["lstm"] + n_distinct * f["token_encoder"]
     vecs = encode_tokens(params, chars, options)
-    lstm = _embed_token_vectors.lower(params, vecs[index], mask, options.network(),
+    lstm = embed_token_vectors_program.lower(params, vecs[index], mask, options.network(),
                                       dtype=dt).compile()
     planned = prediction(lstm, flops, dtype)  # the LSTMs' program, most of the step
     return {"what": "embed", "dtype": dtype, "batch": batch, "tokens_per_s": round(tokens / med),

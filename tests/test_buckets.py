@@ -498,3 +498,50 @@ def test_the_storage_service_gone_mid_corpus_job_is_one_line_and_the_rerun_resum
     assert len(store) == len(reference) == len(lines)
     for i in range(len(lines)):
         np.testing.assert_array_equal(store[i], reference[i])
+
+
+def test_every_path_argument_in_a_bucket_leaves_no_local_gs_folder(tmp_path, gs_bucket):
+    """The commands' path arguments given as gs:// paths, one after another as
+    a pod's user would: a vocabulary and a prepared corpus written to the
+    bucket (`vocab --out`, `prepare --out`), a run trained from the prepared
+    folder there (`--train_files`, `--vocab_file`, `--eval_files`,
+    `--workdir`), fine-tuned from its export (`export --out`, `--init_from`),
+    a corpus embedded with it (`embed --model --input --output`) and merged
+    (`--merge`). Every command runs in an empty folder, which stays empty (no
+    local `gs:` folder); the run from the bucket's prepared corpus has the
+    losses of one from the local text."""
+    local, remote = _upload_corpus(tmp_path, gs_bucket)
+    cwd = tmp_path / "host"
+    cwd.mkdir()
+    env = devices_env(1, compile_bound=True)
+
+    def run(*argv, script="train.py"):
+        r = subprocess.run([sys.executable, os.path.join(REPO, script), *argv], cwd=cwd, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (argv, r.stderr[-3000:])
+        return r.stdout
+
+    b = gs_bucket
+    run("vocab", "--train_files", remote["train"], "--out", f"{b}/vocab.txt")
+    run("vocab", "--train_files", local["train"], "--out", str(tmp_path / "vocab.txt"))
+    assert paths.read_text(f"{b}/vocab.txt") == (tmp_path / "vocab.txt").read_text()
+    run("prepare", "--train_files", remote["train"], "--out", f"{b}/prepared")
+    assert {"tokens.npy", "starts.npy", "lengths.npy", "spellings.txt", "corpus.json"} <= set(
+        paths.listdir(f"{b}/prepared"))
+    run(*_train_cmd(f"{b}/prepared", f"{b}/vocab.txt", f"{b}/run", 3)[2:],
+        "--eval_files", remote["heldout"])
+    straight = str(tmp_path / "straight")
+    run(*_train_cmd(local["train"], str(tmp_path / "vocab.txt"), straight, 3)[2:])
+    want = {json.loads(x)["step"]: json.loads(x)["train_loss"]
+            for x in open(os.path.join(straight, "metrics.jsonl")) if "train_loss" in x}
+    np.testing.assert_allclose([_losses(f"{b}/run")[s] for s in sorted(want)],
+                               [want[s] for s in sorted(want)], rtol=1e-6)
+    run("export", "--workdir", f"{b}/run", "--out", f"{b}/export")
+    run(*_train_cmd(remote["train"], f"{b}/vocab.txt", f"{b}/tuned", 1)[2:],
+        "--init_from", f"{b}/export")
+    assert _steps(f"{b}/tuned") == [1]
+    run("--model", f"{b}/export", "--input", remote["heldout"], "--output", f"{b}/store",
+        "--no_progress", script="embed.py")
+    run("--merge", f"{b}/store", "--output", f"{b}/vectors.hdf5", script="embed.py")
+    assert paths.size(f"{b}/vectors.hdf5") > 0
+    assert os.listdir(cwd) == []

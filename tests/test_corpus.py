@@ -410,7 +410,7 @@ def test_workers_starting_together_share_one_spec_and_never_overwrite_it(model, 
     """The first worker's spec half-written (its temporary file there) is not
     "a folder that is not empty" to the second; and a spec written by another
     worker between the check and the write is compared, never replaced."""
-    from elmo_jax.storage import files
+    from elmo_jax.storage import paths
 
     options, params = model
     out = tmp_path / "s"
@@ -419,7 +419,7 @@ def test_workers_starting_together_share_one_spec_and_never_overwrite_it(model, 
     embed_corpus(params, options, corpus["files"][:1], str(out), CorpusSettings(**SETTINGS))
     other = tmp_path / "t"
     other.mkdir()
-    real = files.create_exclusively
+    real = paths.create_exclusively
 
     def another_worker_first(path, text):  # a spec of other settings lands first
         real(path, text.replace('"chunk_lines": 5', '"chunk_lines": 7'))
@@ -435,11 +435,11 @@ def test_in_a_bucket_a_spec_another_worker_wrote_first_is_compared_never_replace
         model, corpus, bucket, monkeypatch):
     """The same race in a bucket, where the service is what refuses the
     second spec (`paths.create_new`): the job of other settings stops."""
-    from elmo_jax.storage import files, paths
+    from elmo_jax.storage import paths
 
     options, params = model
     out = paths.join(bucket, "store")
-    real = files.create_exclusively
+    real = paths.create_exclusively
 
     def another_worker_first(path, text):
         real(path, text.replace('"chunk_lines": 5', '"chunk_lines": 7'))

@@ -104,8 +104,8 @@ def test_wrapper_matches_embed_and_keeps_order(model):
 
 
 def test_wrapper_buckets_lengths_so_new_inputs_rarely_compile(model):
-    from elmo_jax.core.embedding import _embed_token_vectors as embed_token_vectors
-    from elmo_jax.core.embedding import _encode_tokens as encode_tokens
+    from elmo_jax.core.embedding import embed_token_vectors_program as embed_token_vectors
+    from elmo_jax.core.embedding import encode_tokens_program as encode_tokens
 
     _, options, _, params = model
     elmo = elmo_jax.Elmo(params, options, pack=False)
@@ -120,7 +120,7 @@ def test_wrapper_buckets_lengths_so_new_inputs_rarely_compile(model):
 
 
 def test_packed_wrapper_compiles_a_few_schedules_for_a_corpus(model):
-    from elmo_jax.core.embedding import _embed_token_vectors as embed_token_vectors
+    from elmo_jax.core.embedding import embed_token_vectors_program as embed_token_vectors
 
     _, options, _, params = model
     rng = np.random.default_rng(0)
@@ -243,7 +243,7 @@ def test_two_options_files_of_one_network_share_one_compiled_embed(model, tmp_pa
                             n_train_tokens=12345, char_cnn=dataclasses.replace(
                                 options.char_cnn, n_characters=261))
     ids = jnp.asarray(elmo_jax.batch_to_char_ids([["a", "b"], ["c"]]))
-    compiled = lambda: embedding._embed._cache_size()  # noqa: E731
+    compiled = lambda: embedding.embed_program._cache_size()  # noqa: E731
     a = elmo_jax.embed(params, ids, options, dtype=jnp.bfloat16)
     before = compiled()
     b = elmo_jax.embed(params, ids, other, dtype="bfloat16")

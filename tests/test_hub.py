@@ -155,7 +155,7 @@ def test_a_truncated_download_leaves_nothing_and_the_next_call_succeeds(server):
         open_model("small")
     folder = os.path.join(hub.cache_dir(), "models", "small")
     assert not os.path.exists(os.path.join(folder, "weights.hdf5"))
-    assert not [f for f in os.listdir(folder) if f.endswith(".part")]
+    assert not [f for f in os.listdir(folder) if f.endswith((".part", ".tmp"))]
     server.cut.clear()
     assert open_model("small").kind == "export"
 

@@ -383,8 +383,8 @@ def test_clip_gradient_passes_at_the_limit_as_tensorflows_clip_by_value():
     derivative of the clips follows it, the limits included."""
     import jax.numpy as jnp
 
-    from elmo_jax.core.kernels import _inside
+    from elmo_jax.core.kernels import within_clip
 
     x = jnp.array([-3.5, -3.0, -2.9, 0.0, 2.9, 3.0, 3.5])
-    np.testing.assert_array_equal(_inside(x, 3.0), [0, 1, 1, 1, 1, 1, 0])
-    assert _inside(x, None) == 1.0
+    np.testing.assert_array_equal(within_clip(x, 3.0), [0, 1, 1, 1, 1, 1, 0])
+    assert within_clip(x, None) == 1.0

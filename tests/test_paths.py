@@ -46,24 +46,24 @@ def test_write_read_glob_and_list_in_a_bucket(bucket):
 
 
 def test_of_writers_racing_to_create_one_object_exactly_one_does(bucket):
-    """`files.create_exclusively` in a bucket: the service refuses every
+    """`paths.create_exclusively` in a bucket: the service refuses every
     writer but one (a store's spec, written by each worker of a job)."""
     import concurrent.futures
 
     target = paths.join(bucket, "store", "store.json")
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        won = list(pool.map(lambda i: files.create_exclusively(target, f"writer {i}\n"),
+        won = list(pool.map(lambda i: paths.create_exclusively(target, f"writer {i}\n"),
                             range(6)))
     assert won.count(True) == 1, won
     assert paths.read_text(target) == f"writer {won.index(True)}\n"
-    assert not files.create_exclusively(target, "late\n")
+    assert not paths.create_exclusively(target, "late\n")
     assert paths.read_text(target) == f"writer {won.index(True)}\n"
 
 
 def test_a_failed_write_leaves_no_object(bucket):
     target = paths.join(bucket, "half.txt")
     with pytest.raises(RuntimeError):
-        with files.atomic_path(target) as tmp:
+        with paths.atomic_path(target) as tmp:
             with open(tmp, "w") as fh:
                 fh.write("half")
             raise RuntimeError("killed")

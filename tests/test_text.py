@@ -165,7 +165,7 @@ def test_reading_the_umask_never_changes_it_for_other_threads(tmp_path):
     import threading
     import time
 
-    from elmo_jax.storage import files
+    from elmo_jax.storage import paths
 
     old = os.umask(0o022)
     stop, modes = threading.Event(), set()
@@ -184,7 +184,7 @@ def test_reading_the_umask_never_changes_it_for_other_threads(tmp_path):
         t0 = time.monotonic()
         while time.monotonic() - t0 < 2:
             for _ in range(1000):
-                assert files._umask() == 0o022
+                assert paths.umask() == 0o022
     finally:
         stop.set()
         for t in threads:

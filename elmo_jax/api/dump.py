@@ -9,7 +9,7 @@ import numpy as np
 
 from elmo_jax.api.elmo import Elmo
 from elmo_jax.core.embedding import mix_weights as normalized
-from elmo_jax.storage.files import atomic_path
+from elmo_jax.storage.paths import atomic_path
 
 
 def dump_embeddings(elmo: Elmo, sentences: Sequence[Sequence[str]], path: str | os.PathLike,

@@ -96,14 +96,17 @@ def _train(argv, prog):
         sys.exit(supervise(list(argv), f"process {args.process_id} of {args.num_processes}"))
     import jax
 
-    from elmo_jax.training.stopping import catch_signals_now
+    from elmo_jax.training.stopping import catch_signals_now, early_signal, keep_signal
 
     catch_signals_now()  # a notice during start-up stops the run before step 1
     if several:
         from elmo_jax.training.pod import initialize
 
-        initialize(args.coordinator_address, args.num_processes, args.process_id,
-                   args.heartbeat_timeout, args.wait_for_peers, keep_a_signal=True)
+        late = initialize(args.coordinator_address, args.num_processes, args.process_id,
+                          args.heartbeat_timeout, args.wait_for_peers, keep_a_signal=True,
+                          kept=early_signal())
+        if late:
+            keep_signal(late)  # for the stop before step 1
         catch_signals_now()  # back from jax's preemption notifier
     from elmo_jax.config import load_config
     from elmo_jax.training import train_and_evaluate
@@ -294,6 +297,6 @@ def main(argv=None, prog: str = "train.py"):
 
 
 if __name__ == "__main__":  # the child of `elmo_jax.cli.supervise`
-    from elmo_jax.cli import run_cli
+    from elmo_jax.cli.process import run_cli
 
     run_cli(main)

@@ -99,8 +99,11 @@ _STATIC = ("options", "mix_layer_norm", "unroll", "dtype", "segments")
 # The jitted programs are keyed on the network alone (`ElmoOptions.network`)
 # and a canonical dtype: two options files of one network that differ in a
 # training field (batch_size, n_epochs, ...) share one compiled program, and
-# so do dtype="bfloat16" and jnp.bfloat16. The public functions below say so;
-# `_encode_tokens`, `_embed` and `_embed_token_vectors` are what they run.
+# so do dtype="bfloat16" and jnp.bfloat16. `encode_tokens`, `embed` and
+# `embed_token_vectors` make that key and run `encode_tokens_program`,
+# `embed_program` and `embed_token_vectors_program`, the jitted functions
+# themselves (public, as lm1b keeps its jax.jit objects: `.lower()` for a
+# plan, the compile cache for a count).
 
 
 def encode_tokens(params: dict, char_ids: jax.Array, options: ElmoOptions) -> jax.Array:
@@ -115,15 +118,16 @@ def encode_tokens(params: dict, char_ids: jax.Array, options: ElmoOptions) -> ja
     Returns:
         [..., P] float32 token vectors (P = options.lstm.projection_dim).
     """
-    return _encode_tokens(params, char_ids, options.network())
+    return encode_tokens_program(params, char_ids, options.network())
 
 
 @functools.partial(jax.jit, static_argnames=("options",))
-def _encode_tokens(params: dict, char_ids: jax.Array, options: ElmoOptions) -> jax.Array:
+def encode_tokens_program(params: dict, char_ids: jax.Array, options: ElmoOptions) -> jax.Array:
     return BiLM(options).apply({"params": params}, char_ids, method=BiLM.encode_tokens)
 
 
-def _canonical(options: ElmoOptions, dtype) -> tuple:
+def program_key(options: ElmoOptions, dtype) -> tuple:
+    """(options.network(), the dtype as a numpy dtype): the programs' static key."""
     return options.network(), jnp.dtype(dtype)
 
 
@@ -161,13 +165,13 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
         An `EmbedOutput`: layers [L+1, B, T, 2P], mask [B, T], the new state,
         and the mixes when `mix` is given.
     """
-    options, dtype = _canonical(options, dtype)
-    return _embed(params, char_ids, options, state, mix, mix_layer_norm=mix_layer_norm,
+    options, dtype = program_key(options, dtype)
+    return embed_program(params, char_ids, options, state, mix, mix_layer_norm=mix_layer_norm,
                   unroll=unroll, dtype=dtype, segments=segments)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def _embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
+def embed_program(params: dict, char_ids: jax.Array, options: ElmoOptions,
            state: LSTMState | None = None, mix: dict | None = None, *,
            mix_layer_norm: bool = False, unroll: int = 1, dtype=jnp.float32,
            segments: tuple | None = None) -> EmbedOutput:
@@ -185,8 +189,8 @@ def _embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
                          f"widest filter, {widest})")
     if not jnp.issubdtype(char_ids.dtype, jnp.integer):
         raise TypeError(f"char_ids must be integers, got {char_ids.dtype}")
-    tokens = _encode_tokens(params, char_ids.astype(jnp.int32), options)
-    return _embed_token_vectors(params, tokens, token_mask(char_ids), options, state, mix,
+    tokens = encode_tokens_program(params, char_ids.astype(jnp.int32), options)
+    return embed_token_vectors_program(params, tokens, token_mask(char_ids), options, state, mix,
                                 mix_layer_norm=mix_layer_norm, unroll=unroll, dtype=dtype,
                                 segments=segments)
 
@@ -215,14 +219,14 @@ def embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array, option
     Returns:
         An `EmbedOutput`, as `embed`'s.
     """
-    options, dtype = _canonical(options, dtype)
-    return _embed_token_vectors(params, tokens, mask, options, state, mix,
+    options, dtype = program_key(options, dtype)
+    return embed_token_vectors_program(params, tokens, mask, options, state, mix,
                                 mix_layer_norm=mix_layer_norm, unroll=unroll, dtype=dtype,
                                 segments=segments)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def _embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array,
+def embed_token_vectors_program(params: dict, tokens: jax.Array, mask: jax.Array,
                          options: ElmoOptions, state: LSTMState | None = None,
                          mix: dict | None = None, *, mix_layer_norm: bool = False,
                          unroll: int = 1, dtype=jnp.float32,

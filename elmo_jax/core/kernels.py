@@ -59,7 +59,7 @@ def _clip(x, limit):
     return x if limit is None else jnp.clip(x, -limit, limit)
 
 
-def _inside(x, limit):
+def within_clip(x, limit):
     """d clip(x) / dx as TensorFlow's clip_by_value has it: the gradient passes
     at the limits themselves (-limit <= x <= limit)."""
     return 1.0 if limit is None else (jnp.abs(x) <= limit).astype(x.dtype)
@@ -115,10 +115,10 @@ def _lstm_scan_bwd(cell_clip, proj_clip, unroll, residuals, cotangents):
         m = m[None, None, :]
         si, sf, tg, so, c_raw = _cell_update(gates, c)
         tc = jnp.tanh(_clip(c_raw, cell_clip))
-        dh_raw = m * (dout + dh) * _inside(h_raw, proj_clip)
+        dh_raw = m * (dout + dh) * within_clip(h_raw, proj_clip)
         dmv = jnp.einsum("dkp,dpb->dkb", w_proj, dh_raw.astype(dt),
                          preferred_element_type=jnp.float32)
-        dc_raw = (m * dc + dmv * so * (1 - tc * tc)) * _inside(c_raw, cell_clip)
+        dc_raw = (m * dc + dmv * so * (1 - tc * tc)) * within_clip(c_raw, cell_clip)
         dgates = jnp.concatenate([dc_raw * tg * si * (1 - si), dc_raw * c * sf * (1 - sf),
                                   dc_raw * si * (1 - tg * tg), dmv * tc * so * (1 - so)], 1)
         dh_prev = jnp.einsum("dpg,dgb->dpb", w_h, dgates.astype(dt),

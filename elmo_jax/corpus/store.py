@@ -43,7 +43,8 @@ import numpy as np
 from elmo_jax import errors
 from elmo_jax.storage import copies, paths
 from elmo_jax.errors import MissingFile, UserError
-from elmo_jax.storage.files import create_exclusively, read_json, write_json
+from elmo_jax.storage.files import read_json, write_json
+from elmo_jax.storage.paths import create_exclusively
 
 FORMAT = "elmo-jax-store/1"
 SPEC_FILE = "store.json"
@@ -382,14 +383,12 @@ def local_store(directory: str, progress: bool = True) -> str:
     if progress:
         logging.getLogger(__name__).info(f"copying the store {directory} into the local "
                                          f"cache {dest}")
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".assembling.", dir=os.path.dirname(dest))
     try:
-        for s in range(n):
-            _assemble_shard(directory, s, n, listings[s], tmp)
-        shutil.copyfile(copies.local_copy(spec_path), os.path.join(tmp, SPEC_FILE))
-        os.replace(tmp, dest)
-    except OSError:
+        with paths.atomic_dir(dest) as tmp:
+            for s in range(n):
+                _assemble_shard(directory, s, n, listings[s], tmp)
+            shutil.copyfile(copies.local_copy(spec_path), os.path.join(tmp, SPEC_FILE))
+    except OSError:  # another process assembled it meanwhile
         if not os.path.exists(os.path.join(dest, SPEC_FILE)):
             raise
     finally:
@@ -424,7 +423,7 @@ def merge_to_hdf5(directory: str, out: str) -> int:
     whole or not at all. Returns the number of lines."""
     import h5py
 
-    from elmo_jax.storage.files import atomic_path
+    from elmo_jax.storage.paths import atomic_path
 
     store = open_embeddings(directory)
     dtype = np.float32 if store.spec["dtype"] == "bfloat16" else store.dtype

@@ -78,7 +78,8 @@ def segmented_files(pattern: str, lang: str) -> str:
 
     from elmo_jax.storage import copies, paths
     from elmo_jax.data.sources import list_shards
-    from elmo_jax.storage.files import atomic_path, split_lines
+    from elmo_jax.storage.files import split_lines
+    from elmo_jax.storage.paths import atomic_path
     from elmo_jax.formats.downloads import cache_dir, file_lock
 
     if lang not in LANGS:

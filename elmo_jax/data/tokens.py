@@ -15,7 +15,7 @@ import numpy as np
 
 from elmo_jax.storage import copies, paths
 from elmo_jax.data.sources import DataError, list_shards, read_sentences
-from elmo_jax.storage.files import write_json
+from elmo_jax.storage.files import write_json, write_text
 from elmo_jax.core.vocab import BOS, EOS
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2  # spelling ids; the corpus' own spellings follow
@@ -94,19 +94,18 @@ class TokenCorpus:
         return cls.from_sentences((s for p in files for s in read_sentences(p)), files, what)
 
     def save(self, out_dir: str) -> dict:
-        """As memory-mappable numpy arrays in `out_dir` (each file written whole)."""
-        os.makedirs(out_dir, exist_ok=True)
+        """As memory-mappable numpy arrays in `out_dir`, a local folder or a
+        bucket prefix (each file written whole; the record last, so that a
+        folder without it is not a prepared corpus)."""
+        paths.makedirs(out_dir)
         for name in ("tokens", "starts", "lengths"):
-            tmp = os.path.join(out_dir, f".{name}.npy.tmp")
-            with open(tmp, "wb") as fh:
+            with paths.atomic_path(paths.join(out_dir, f"{name}.npy")) as tmp, \
+                    open(tmp, "wb") as fh:
                 np.save(fh, getattr(self, name))
-            os.replace(tmp, os.path.join(out_dir, f"{name}.npy"))
-        with open(os.path.join(out_dir, ".spellings.tmp"), "w", encoding="utf-8") as fh:
-            fh.write("\n".join(self.spellings[3:]) + "\n")
-        os.replace(os.path.join(out_dir, ".spellings.tmp"), os.path.join(out_dir, "spellings.txt"))
+        write_text(paths.join(out_dir, "spellings.txt"), "\n".join(self.spellings[3:]) + "\n")
         record = {"format": FORMAT, "sentences": len(self), "tokens": int(self.lengths.sum()),
                   "spellings": len(self.spellings) - 3, "files": self.files}
-        write_json(os.path.join(out_dir, CORPUS_FILE), record)  # last: marks it whole
+        write_json(paths.join(out_dir, CORPUS_FILE), record)  # last: marks it whole
         return record
 
     @classmethod

@@ -35,7 +35,6 @@ import json
 import os
 import socket
 import sys
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -291,22 +290,18 @@ def _write_checked(dest: str, chunks, expected: File | None, shown: str) -> dict
     """Write `chunks` to a temporary file beside `dest`, check its size and
     digests (`_check`), rename it into place; returns its digests. Nothing is
     left behind on an error; a full disk is a DownloadError saying so."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dest)}.", suffix=".part",
-                               dir=os.path.dirname(dest))
     hashes, got = _hashes(), 0
     try:
-        with os.fdopen(fd, "wb") as out:
+        with paths.atomic_path(dest) as tmp, open(tmp, "wb") as out:
             for chunk in chunks:
                 out.write(chunk)
                 for h in hashes.values():
                     h.update(chunk)
                 got += len(chunk)
-        digests = _check(shown, got, hashes, expected)
-        os.replace(tmp, dest)
+            out.flush()
+            digests = _check(shown, got, hashes, expected)
         return digests
     except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         if isinstance(e, DownloadError):
             raise
         if e.errno == errno.ENOSPC:

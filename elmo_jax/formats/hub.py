@@ -24,9 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import tarfile
-import tempfile
 import urllib.parse
 import zipfile
 
@@ -169,17 +167,10 @@ def _extracted(archive: str, target: str) -> str:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with file_lock(target + ".lock"):
             if not os.path.exists(done):
-                tmp = tempfile.mkdtemp(prefix=".extract.", dir=os.path.dirname(target))
-                try:
+                with paths.atomic_dir(target, replace=True) as tmp:
                     extract_archive(archive, tmp)
                     with open(os.path.join(tmp, ".complete"), "w") as fh:
                         fh.write(archive + "\n")
-                    if os.path.exists(target):
-                        shutil.rmtree(target)
-                    os.replace(tmp, target)
-                except BaseException:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    raise
     return model_root(target)
 
 

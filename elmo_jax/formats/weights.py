@@ -34,7 +34,7 @@ import h5py
 import numpy as np
 
 from elmo_jax.errors import MissingFile, UserError
-from elmo_jax.storage.files import atomic_path
+from elmo_jax.storage.paths import atomic_path
 from elmo_jax.core.options import ElmoOptions
 
 # TF's column blocks (i, j, f, o) <-> ours (i, f, g, o): a swap, its own inverse.

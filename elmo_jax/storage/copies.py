@@ -89,23 +89,18 @@ def local_copy_tree(path) -> str:
     if not os.path.isdir(dest):
         from concurrent.futures import ThreadPoolExecutor
 
-        tmp = tempfile.mkdtemp(prefix=".download.", dir=_made(os.path.dirname(dest)))
         try:  # the listing's identities: no second request per object
-            with ThreadPoolExecutor(8) as pool:
-                copies = list(pool.map(lambda e: _cached_copy(f"{name}://{root}{e[0]}", e[1]),
-                                       entries))
-            for (rel, _), copy in zip(entries, copies):
-                target = os.path.join(tmp, rel)
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                shutil.copyfile(copy, target)
-            os.replace(tmp, dest)
-        except FileExistsError:  # another process made it meanwhile
-            pass
-        except OSError:
+            with paths.atomic_dir(dest) as tmp:
+                with ThreadPoolExecutor(8) as pool:
+                    copies = list(pool.map(
+                        lambda e: _cached_copy(f"{name}://{root}{e[0]}", e[1]), entries))
+                for (rel, _), copy in zip(entries, copies):
+                    target = os.path.join(tmp, rel)
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    shutil.copyfile(copy, target)
+        except OSError:  # another process made it meanwhile
             if not os.path.isdir(dest):
                 raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 

@@ -6,7 +6,7 @@ one, is a `PathError` before anything is read or written.
 
 A bucket is not a disk: an object is written whole or not at all, never
 appended to nor renamed. So writes go to a local temporary file that is
-uploaded whole on success (`files.atomic_path`), and reads that want a local
+uploaded whole on success (`atomic_path`), and reads that want a local
 file (h5py, a memory map, a corpus read many times) take `local_copy`: the
 object downloaded once into the local cache, keyed by the object's identity
 (size and generation), so a changed object is fetched again.
@@ -17,6 +17,7 @@ local copies of objects and the local mirrors of bucket folders `copies.py`'s.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import re
 import shutil
@@ -171,7 +172,7 @@ def listdir(path) -> list[str]:
 
 def open(path, mode: str = "rb", **kwargs):  # noqa: A001 (the name says what it is)
     """A file object of `path`: local, or a bucket object (read: streamed in
-    blocks; write: uploaded when closed; prefer `files.atomic_path` for
+    blocks; write: uploaded when closed; prefer `atomic_path` for
     writes, which uploads only on success)."""
     path = check(path)
     if not is_remote(path):
@@ -219,8 +220,6 @@ def write_bytes(path: str, data: bytes) -> None:
     """`data` as the file or object `path`, whole (see `upload`)."""
     path = check(path)
     if not is_remote(path):
-        from elmo_jax.storage.files import atomic_path
-
         with atomic_path(path) as tmp, builtins.open(tmp, "wb") as fh:
             fh.write(data)
         return
@@ -278,18 +277,11 @@ def download(path: str, dest: str) -> None:
     """The object `path` as the local file `dest`, which appears whole (a
     temporary beside it, renamed); tried again while the service fails."""
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".download.", dir=os.path.dirname(dest) or ".")
-    os.close(fd)
-
-    def get():
-        with storage_errors(path):
-            filesystem(path).get_file(path, tmp)
-    try:
+    with atomic_path(dest) as tmp:
+        def get():
+            with storage_errors(path):
+                filesystem(path).get_file(path, tmp)
         retry(get, path)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def size(path) -> int:
@@ -299,3 +291,98 @@ def size(path) -> int:
     with storage_errors(path):
         return int(filesystem(path).info(path)["size"])
 
+
+def umask() -> int:
+    """The process's umask, read without setting it: setting it to read it
+    (os.umask's only way) gives a file that another thread creates meanwhile
+    (orbax's, the metrics writer's) the mode 0666. Linux states it in
+    /proc/self/status; elsewhere it is read once, at the first call."""
+    try:
+        with builtins.open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    if not _UMASK_READ:
+        mask = os.umask(0o077)  # the safe way round for anything created meanwhile
+        os.umask(mask)
+        _UMASK_READ.append(mask)
+    return _UMASK_READ[0]
+
+
+_UMASK_READ: list[int] = []
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yield a temporary path beside `path`; on success it is given the
+    umask's mode and renamed to `path`, on an error removed. For a bucket
+    path the temporary file is local and uploaded whole on success."""
+    path = check(path)
+    if is_remote(path):
+        with _remote_atomic_path(path) as tmp:
+            yield tmp
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _remote_atomic_path(path: str):
+    fd, tmp = tempfile.mkstemp(prefix=f".{basename(path)}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield tmp
+        upload(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str, replace: bool = False):
+    """Yield a temporary local folder beside the folder `path`; on success it
+    is renamed to `path` (an existing `path` removed first with `replace`,
+    else the rename's OSError is the caller's: another process made it), on
+    an error removed."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+    try:
+        yield tmp
+        if replace and os.path.exists(path):
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def create_exclusively(path: str, text: str) -> bool:
+    """Write `text` as the new file or object `path`, whole, unless one is
+    there already (then False). Locally a temporary file beside it is linked
+    into place (a link, unlike a rename, fails where a file is); in a bucket
+    the service refuses the second (`create_new`)."""
+    if is_remote(path):
+        return create_new(path, text.encode("utf-8"))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~umask())
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)

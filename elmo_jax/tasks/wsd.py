@@ -96,6 +96,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from elmo_jax.cli import run_cli
+    from elmo_jax.cli.process import run_cli
 
     run_cli(main)

@@ -152,7 +152,7 @@ def embed_plan(options: ElmoOptions, mesh, rows: int, length: int = 20) -> dict:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from elmo_jax.core.embedding import _embed  # the jitted program `embed` runs
+    from elmo_jax.core.embedding import embed_program  # the jitted program `embed` runs
     from elmo_jax.core.bilm import init_params
     from elmo_jax.core.softmax import ROWS
 
@@ -161,7 +161,7 @@ def embed_plan(options: ElmoOptions, mesh, rows: int, length: int = 20) -> dict:
                           jax.eval_shape(lambda: init_params(options, jax.random.PRNGKey(0))))
     ids = jax.ShapeDtypeStruct((rows, length, options.char_cnn.max_characters_per_token),
                                np.int32, sharding=NamedSharding(mesh, P(ROWS)))
-    compiled = _embed.lower(params, ids, options.network()).compile()
+    compiled = embed_program.lower(params, ids, options.network()).compile()
     return {"rows": rows, "length": length, **compiled_figures(compiled)}
 
 

@@ -56,14 +56,17 @@ _SETTINGS = {"heartbeat_timeout": HEARTBEAT_TIMEOUT}
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
-               wait_for_peers: float = WAIT_FOR_PEERS, keep_a_signal: bool = False) -> None:
+               wait_for_peers: float = WAIT_FOR_PEERS, keep_a_signal: bool = False,
+               kept: signal.Signals | None = None) -> signal.Signals | None:
     """`jax.distributed.initialize` (None: the cluster from the environment),
     saying every 30 s (a third of `wait_for_peers` when shorter) that it waits
     for the others, and leaving with status 2 and an error line after
     `wait_for_peers` seconds. A SIGINT or SIGTERM meanwhile ends the process at
     once; with `keep_a_signal` (training: `stopping.catch_signals_now`) the
-    first, or one before, is kept for the stop before step 1 and a second ends
-    it. `heartbeat_timeout`: how long a silent peer is waited for once running
+    first, or `kept` (one that came before), is kept for the stop before step
+    1 and a second ends it: returns the first that came while waiting, when
+    none was `kept`, for the caller to keep (`stopping.keep_signal`).
+    `heartbeat_timeout`: how long a silent peer is waited for once running
     (`failures_stop_every_process`)."""
     if heartbeat_timeout <= 0 or wait_for_peers <= 0:
         raise ValueError("--heartbeat_timeout and --wait_for_peers must be positive")
@@ -73,9 +76,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     met = threading.Event()
     # the main thread waits in C++, where Python's handlers cannot run: a signal
     # reaches the thread below through a wakeup fd (its handler here does nothing)
-    from elmo_jax.training.stopping import early_signal, keep_signal
-
-    kept = early_signal() if keep_a_signal else None
+    kept = kept if keep_a_signal else None
     signals = [kept] if kept else []  # signal.Signals, in the order they came
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -107,8 +108,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         read_signals(0)  # one that came as the wait ended
         os.close(wake_r)
         os.close(wake_w)
-    if keep_a_signal and signals and not kept:
-        keep_signal(signals[0])  # for the stop before step 1
+    return signals[0] if keep_a_signal and signals and not kept else None
 
 
 def _wait_and_say(met, signals, read_signals, who, where, wait_for_peers, num_processes,
@@ -168,9 +168,7 @@ def _say_whom_we_heard(heard: dict, now: float) -> None:
     path = environment.peers_file()
     if path:
         try:
-            with open(path + ".tmp", "w") as fh:
-                json.dump({"now": now, "heard": heard, "who": _who()}, fh)
-            os.replace(path + ".tmp", path)
+            write_text(path, json.dumps({"now": now, "heard": heard, "who": _who()}))
         except OSError:
             pass
 
