@@ -208,8 +208,7 @@ def check_paths(data: DataConfig) -> None:
     bad = []
     for name in ("train_files", "eval_files", "vocab_file", "init_from"):
         value = getattr(data, name)
-        if value is None or (name == "init_from" and str(value).lower().startswith(
-                ("http://", "https://"))):
+        if value is None or (name == "init_from" and paths.is_url(value)):
             continue
         try:
             paths.check(value)

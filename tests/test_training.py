@@ -357,43 +357,6 @@ def test_corrupt_checkpoint_is_a_clear_error_and_nothing_is_overwritten(tmp_path
     assert _tree_digest(work) == before
 
 
-def test_checkpoints_of_the_earlier_layout_still_open_and_resume(tmp_path):
-    """Before params/ and train/, a checkpoint held one `state` item (the whole
-    TrainState): such a workdir still opens as a model and still resumes."""
-    import shutil
-
-    import orbax.checkpoint as ocp
-
-    from elmo_jax.formats import checkpoints
-    from elmo_jax.training.partitioning import create_train_step, make_mesh
-
-    files = write_grammar_corpus(tmp_path / "data")
-    new, old = tmp_path / "new", tmp_path / "old"
-    run(tiny(max_steps=2), files["train.txt"], files["vocab.txt"], new)
-    model = elmo_jax.open_model(str(new))
-    built = create_train_step(model.options, model.config.train, len(model.vocab),
-                              make_mesh(1, jax.devices()[:1]))
-    state, data, _ = checkpoints.restore(checkpoints.manager(str(new)), 2, built.abstract_state)
-    os.makedirs(old)
-    for name in ("config.json", "vocab.txt", "metrics.jsonl"):
-        shutil.copy(new / name, old / name)
-    legacy = ocp.CheckpointManager(str(old / "checkpoints"),
-                                   options=ocp.CheckpointManagerOptions(create=True))
-    legacy.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                           data=ocp.args.JsonSave(data)))
-    legacy.wait_until_finished()
-    assert os.listdir(old / "checkpoints" / "2" / "state")
-    opened = elmo_jax.open_model(str(old))
-    assert opened.step == 2
-    for a, b in zip(jax.tree.leaves((model.params, model.softmax)),
-                    jax.tree.leaves((opened.params, opened.softmax))):
-        np.testing.assert_array_equal(a, b)
-    for work in (new, old):
-        run(tiny(max_steps=4), files["train.txt"], files["vocab.txt"], work)
-    assert losses_by_step(old)[4] == pytest.approx(losses_by_step(new)[4], rel=1e-6)
-    assert os.path.isdir(old / "checkpoints" / "4" / "params")  # saved in today's layout
-
-
 def test_a_batch_that_makes_the_loss_non_finite_is_passed_over(tmp_path, monkeypatch, caplog):
     """One sentence of the corpus holds a word whose batch poisons the step
     (its loss and parameters become NaN, as an overflow's would): the run goes

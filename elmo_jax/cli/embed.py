@@ -106,7 +106,7 @@ def main(argv=None, prog: str = "embed.py"):
     from elmo_jax.storage import paths
 
     for given in (args.input, args.output, args.merge, args.weights, args.options):
-        if given and not given.lower().startswith(("http://", "https://")):
+        if given and not paths.is_url(given):
             paths.check(given)  # another scheme: one error line, nothing read or written
     to_hdf5 = args.output.endswith(HDF5)
     if args.merge:
@@ -141,13 +141,10 @@ def main(argv=None, prog: str = "embed.py"):
         print(json.dumps({"output": args.output, "sentences": n, "layers": layers,
                           "sentence_vectors": args.sentence_vectors}))
         return
-    from elmo_jax.corpus import embed_corpus
+    from elmo_jax.corpus import embed_corpus, shard_of_process
 
     settings = _settings(args, mix)
-    if args.shard is not None:
-        shard, num_shards = args.shard, args.num_shards
-    else:
-        shard, num_shards = jax.process_index(), jax.process_count()
+    shard, num_shards = shard_of_process(args.shard, args.num_shards)
     directory = _parts_dir(args.output) if to_hdf5 else args.output
     from elmo_jax.cli.process import use_compilation_cache
 

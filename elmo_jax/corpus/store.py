@@ -353,10 +353,6 @@ def open_embeddings(directory: str | os.PathLike) -> EmbeddingStore:
     return EmbeddingStore(directory)
 
 
-def is_store(path: str | os.PathLike) -> bool:
-    return paths.isfile(paths.join(path, SPEC_FILE))
-
-
 def local_store(directory: str, progress: bool = True) -> str:
     """The finished store in a bucket, assembled once into the local cache in
     the local layout (each shard's chunk objects joined into its three

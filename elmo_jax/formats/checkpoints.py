@@ -17,8 +17,6 @@ asynchronous (orbax copies the arrays to the host, then writes the files in
 threads while training goes on): by default on accelerators, whose host idles
 during a step; on a CPU host the step uses every core and the writes only slow
 it (BENCHMARKS.md, "Checkpoint saves").
-Checkpoints written before this layout (one `state/` item holding the whole
-TrainState) still resume and still open.
 """
 from __future__ import annotations
 
@@ -35,8 +33,6 @@ from elmo_jax.errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
 
-
-LEGACY_STATE_ITEM = "state"  # the layout before params/ and train/ (2026-11)
 TRAIN_FIELDS = ("step", "opt_state", "lstm_state", "rng")
 
 
@@ -71,7 +67,7 @@ def manager(workdir: str, max_to_keep: int = 3,
     clients.forget_listings(workdir)
     # every array written by its first replica: no slicing programs compiled mid-run
     arrays = {name: first_replica_checkpoint_handler()
-              for name in ("params", "train", "cursors", LEGACY_STATE_ITEM)}
+              for name in ("params", "train", "cursors")}
     return ocp.CheckpointManager(
         checkpoint_dir(workdir),
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
@@ -119,10 +115,6 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state, abstract_cur
     where = paths.join(str(mngr.directory), str(step))
     cursors = None
     try:
-        if paths.isdir(paths.join(where, LEGACY_STATE_ITEM)):
-            out = mngr.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
-            return out["state"], out["data"], None
         train = {k: getattr(abstract_state, k) for k in TRAIN_FIELDS}
         items = dict(params=ocp.args.StandardRestore(abstract_state.params),
                      train=ocp.args.StandardRestore(train), data=ocp.args.JsonRestore())
@@ -154,17 +146,15 @@ def read_params(workdir: str, step: int | None = None) -> tuple[int, dict]:
     if step is None:
         raise CheckpointError(f"{workdir} has no checkpoint yet")
     where = paths.join(checkpoint_dir(workdir), str(step))
-    legacy = paths.isdir(paths.join(where, LEGACY_STATE_ITEM))
-    item = paths.join(where, LEGACY_STATE_ITEM if legacy else "params")
+    item = paths.join(where, "params")
     # the item's handler, not a Checkpointer: a Checkpointer looks for the
     # step's metadata inside the item and warns that it is not there
     handler, item = ocp.PyTreeCheckpointHandler(), epath.Path(item)
     try:
         tree = handler.metadata(item).tree
-        wanted = {"params": tree["params"]} if legacy else tree
-        as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
+        as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
         params = handler.restore(item, args=ocp.args.PyTreeRestore(
-            item=wanted, restore_args=as_numpy, partial_restore=legacy))
+            item=tree, restore_args=as_numpy))
     except Exception as e:
         raise _unreadable(where, e) from None
-    return step, params["params"] if legacy else params
+    return step, params

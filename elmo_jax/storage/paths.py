@@ -125,6 +125,12 @@ def bucket_checked(path: str, found: bool) -> bool:
     return False
 
 
+def is_url(path) -> bool:
+    """An http(s) URL: a published model's address, which only the model
+    hub reads (`formats.hub`), not a storage path."""
+    return str(path).lower().startswith(("http://", "https://"))
+
+
 def makedirs(path) -> None:
     """A local folder and its parents; nothing for a bucket path, whose
     folders are only the names of the objects in them."""
