@@ -28,7 +28,7 @@ project = "elmo-jax"
 author = "the elmo-jax authors"
 copyright = "2026, the elmo-jax authors"
 extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "commands",
-              "registry_table"]
+              "registry_table", "layout", "environment_table"]
 exclude_patterns = ["_build", "notebooks/.ipynb_checkpoints"]
 nb_execution_mode = "force"  # run at every build: the page cannot drift from the code
 nb_execution_timeout = 600

@@ -80,6 +80,29 @@ def layer_of(dotted: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] != "__main__" else ""
 
 
+def first_sentence(doc: str, width: int = 96) -> str:
+    """A docstring's first sentence on one line, cut at a word to `width`."""
+    text = " ".join(doc.split("\n\n")[0].split())
+    text = text.split(". ")[0].rstrip(".:")
+    if len(text) > width:
+        text = text[:width].rsplit(" ", 1)[0] + " ..."
+    return text
+
+
+def tested_by(root: str = ROOT) -> dict[str, list[str]]:
+    """{module: the test files that import it}."""
+    known = modules(root)
+    out: dict[str, list[str]] = {m: [] for m in known}
+    folder = os.path.join(root, "tests")
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("test_") and name.endswith(".py"):
+            path = os.path.join(folder, name)
+            for target, _ in imports(path, "tests." + name[:-3], known):
+                if name not in out[target]:
+                    out[target].append(name)
+    return out
+
+
 def tree_lines(root: str = ROOT) -> list[str]:
     """The package tree, one line a module or package, with the first line of
     its docstring."""
@@ -88,8 +111,7 @@ def tree_lines(root: str = ROOT) -> list[str]:
         if dotted.endswith("__main__"):
             continue
         doc = ast.get_docstring(ast.parse(open(path, encoding="utf-8").read())) or ""
-        first = " ".join(doc.split("\n\n")[0].split())
-        first = first.split(". ")[0].rstrip(".")
+        first = first_sentence(doc) if dotted != "elmo_jax" else "the public API (`elmo_jax.__all__`)"
         depth = dotted.count(".")
         shown = dotted.rpartition(".")[2] + ("/" if path.endswith("__init__.py") else ".py")
         if dotted == "elmo_jax":
@@ -114,6 +136,14 @@ def setup(app):
                              for i, layer in reversed(list(enumerate(LAYERS))))
             return [nodes.literal_block(text, text)]
 
+    class LayoutTests(Directive):
+        def run(self):
+            rows = [f"{m:<34} {', '.join(t) or '(through the public API or a command)'}"
+                    for m, t in tested_by().items() if not m.endswith("__main__")]
+            text = "\n".join(rows)
+            return [nodes.literal_block(text, text)]
+
     app.add_directive("layout-tree", LayoutTree)
+    app.add_directive("layout-tests", LayoutTests)
     app.add_directive("layout-layers", LayoutLayers)
     return {"parallel_read_safe": True}

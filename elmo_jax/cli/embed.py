@@ -33,7 +33,7 @@ Lines end at "\\n" (or "\\r\\n") only, so line i is always entry i; a blank
 line is an entry of 0 tokens. Lines are pre-tokenised (split on any Unicode
 whitespace, as bilm-tf does) unless --tokenize; a token longer than 48 UTF-8
 bytes is spelled by its first 48. A line longer than --max_length tokens is
-embedded in overlapping windows (`elmo.windows`). Stateless: every sentence
+embedded in overlapping windows (`core.batching.windows`). Stateless: every sentence
 starts from a zero state. --stateful carries the state from each line to the
 next, as bilm-tf's dump does (an .hdf5 output only, one line at a time).
 """

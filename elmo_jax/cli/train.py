@@ -1,6 +1,7 @@
-"""Pretrain, evaluate, export and score with an ELMo biLM (a thin shell over
-elmo_jax.training and elmo_jax.api.scoring). Installed as `elmo-jax train|eval|
-export|vocab|score`; in a checkout, `python train.py ...`.
+"""Pretrain, evaluate, export and score with an ELMo biLM, count a
+vocabulary, prepare a corpus, plan a pod (a thin shell over elmo_jax.training,
+elmo_jax.data and elmo_jax.api.scoring). Installed as `elmo-jax
+train|eval|export|vocab|prepare|score|plan`; in a checkout, `python train.py ...`.
 
   python train.py --config configs/tiny.json --train_files 'data/*.txt' \\
       --vocab_file vocab.txt --workdir runs/tiny [--eval_files GLOB] [--max_steps N] \\

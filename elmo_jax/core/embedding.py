@@ -212,7 +212,7 @@ def embed_token_vectors(params: dict, tokens: jax.Array, mask: jax.Array, option
         mix_layer_norm: AllenNLP's do_layer_norm for the mix.
         unroll: the `lax.scan` unroll of the LSTMs.
         dtype: the matmuls' input dtype.
-        segments: `model.packed_segments(lengths + 2)` for rows sorted by
+        segments: `bilm.packed_segments(lengths + 2)` for rows sorted by
             length, longest first: the LSTMs then skip most padding (as
             AllenNLP does); None runs every row over all T.
 

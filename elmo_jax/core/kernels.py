@@ -1,5 +1,5 @@
 """The biLM's hand-written kernels, each a pure function with its own backward
-pass (`jax.custom_vjp`), as the Flax modules of `model.py` call them:
+pass (`jax.custom_vjp`), as the Flax modules of `bilm.py` call them:
 
     lstm_cell      TF's LSTMCell with projection and clipping, both directions at once
     lstm_scan      the cell over T positions (`lax.scan`), state held where the mask is 0

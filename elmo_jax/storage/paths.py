@@ -11,7 +11,7 @@ file (h5py, a memory map, a corpus read many times) take `local_copy`: the
 object downloaded once into the local cache, keyed by the object's identity
 (size and generation), so a changed object is fetched again.
 
-The clients, their credentials, errors and retries are `buckets.py`'s; the
+The clients, their credentials, errors and retries are `clients.py`'s; the
 local copies of objects and the local mirrors of bucket folders `copies.py`'s.
 """
 from __future__ import annotations

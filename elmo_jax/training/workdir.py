@@ -9,7 +9,7 @@ checkpoint, a pretrained starting point for fine-tuning, and the metrics log.
     WORKDIR/tensorboard/      the same numbers as TensorBoard scalars
     WORKDIR/checkpoints/STEP  orbax: params/, train/ (the rest of the TrainState), data/
 
-Reading a model from a workdir is `stored.open_model`'s job.
+Reading a model from a workdir is `formats.stored_model.open_model`'s job.
 """
 from __future__ import annotations
 
