@@ -25,6 +25,7 @@ DOCS = ["README.md", "docs/index.md", "docs/quickstart.md", "docs/guides/chinese
         "docs/guides/corpus.md", "docs/guides/training.md", "docs/reference/commands.md",
         "docs/guides/pods.md", "docs/guides/tasks.md", "docs/performance.md",
         "docs/guides/recipes.md", "docs/reference/config.md", "docs/reference/api.md",
+        "docs/reference/environment.md",
         "docs/formats/export.md", "docs/formats/store.md", "docs/formats/workdir.md",
         "docs/layout.md", "docs/changelog.md"]
 TEXT = {d: open(os.path.join(REPO, d), encoding="utf-8").read() for d in DOCS}
@@ -149,23 +150,26 @@ def test_bash_and_python_blocks_run_in_order(tmp_path):
 
 
 def test_layout_names_every_module_and_top_level_file():
-    """The Layout page lists each module of the package (by file name, in its
-    folder's entry) and each top-level file and folder of the tree."""
-    layout = TEXT["docs/layout.md"].split("```")[1]
-    named = set(re.findall(r"[\w.]+\.(?:py|ipynb|md)|[\w-]+/", layout))
-    words = set(re.findall(r"\w+", layout))  # a subpackage's entry may name its modules
-    missing = []
-    for folder, dirs, files in os.walk(os.path.join(REPO, "elmo_jax")):
-        dirs[:] = [d for d in dirs if d not in ("__pycache__", "configs")]
-        top_level = os.path.samefile(folder, os.path.join(REPO, "elmo_jax"))
-        missing += [os.path.relpath(os.path.join(folder, f), REPO) for f in files
-                    if f.endswith(".py") and f != "__init__.py" and f not in named
-                    and (top_level or f[:-3] not in words)]
+    """The Layout page's tree (generated: docs/_ext/layout.py) has a line for
+    each module of the package, and its block of what lies beside the package
+    names each top-level file and folder of the tree."""
+    sys.path.insert(0, os.path.join(REPO, "docs", "_ext"))
+    import layout
+
+    page = TEXT["docs/layout.md"]
+    assert "```{layout-tree}" in page and "```{layout-layers}" in page
+    tree = "\n".join(layout.tree_lines())
+    missing = [p for m, p in layout.modules().items() if not m.endswith("__main__")
+               and os.path.basename(p if not p.endswith("__init__.py") else os.path.dirname(p))
+               .removesuffix(".py") not in tree]
+    beside = [text for info, text in re.findall(r"^```([^\n]*)\n(.*?)^```", page, re.S | re.M)
+              if info == ""][0]
+    named = set(re.findall(r"[\w.]+\.(?:py|ipynb|md)|[\w-]+/", beside))
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout
     top = {p.split("/")[0] + ("/" if "/" in p else "") for p in tracked.split()}
     hidden = {"Makefile", "README.md", "BENCHMARKS.md", "RESULTS.md", "pyproject.toml",
               "requirements.txt", "requirements-accelerators.txt",
-              "requirements-docs.txt"}  # described elsewhere
+              "requirements-docs.txt", "elmo_jax/"}  # described elsewhere; the tree above
     missing += sorted(t for t in top if not t.startswith(".") and t not in hidden
                       and t not in named and t + "/" not in named)  # configs: a link
     assert missing == []

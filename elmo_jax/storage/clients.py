@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 
 from elmo_jax import environment
@@ -25,16 +26,39 @@ REMOTE = {"gs": ("gcs", "gcsfs", "gcs"), "s3": ("s3", "s3fs", "s3")}
 METADATA_TIMEOUT_S = 2.0
 
 
-def _scheme(path) -> str | None:
-    """"gs" or "s3" of a path that `paths.check` has passed, else None."""
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+# gs:/b: a bucket path through os.path.normpath (the "gs:" folder of old)
+_ONE_SLASH = re.compile(r"^(gs|s3):/(?!/)", re.IGNORECASE)
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._\-]{1,220}[a-z0-9]$")
+
+
+def scheme(path: str | os.PathLike) -> str | None:
+    """"gs" or "s3" for a bucket path, None for a local one; a PathError for
+    any other scheme or a malformed bucket path."""
     text = os.fspath(path)
-    name = text.split("://", 1)[0].lower() if "://" in text else None
-    return name if name in REMOTE else None
+    one = _ONE_SLASH.match(text)
+    if one:
+        raise PathError(f"{text}: a bucket path is {one.group(1).lower()}://BUCKET/PATH "
+                        "(two slashes)")
+    m = _SCHEME.match(text)  # a local name may hold a colon ("a:b"), never "://"
+    if m is None:
+        return None
+    name = m.group(1).lower()
+    if name == "file":
+        return None
+    if name not in REMOTE:
+        raise PathError(f"{text}: elmo-jax reads and writes local paths, gs://BUCKET/... and "
+                        f"s3://BUCKET/...; not {name}://")
+    bucket = text[m.end():].split("/", 1)[0]
+    if not _BUCKET.match(bucket):
+        raise PathError(f"{text}: {bucket!r} is not a bucket name (3-222 characters: "
+                        "lower-case letters, digits, '.', '-' and '_')")
+    return name
 
 
 def filesystem(path):
     """The fsspec file system of a bucket path (one per scheme and process)."""
-    name = _scheme(path)
+    name = scheme(path)
     protocol, package, extra = REMOTE[name]
     try:
         import fsspec
@@ -94,12 +118,16 @@ def _metadata_server_answers() -> bool:
 def forget_listings(path) -> None:
     """Drop what the file system of orbax's paths (etils' epath, over fsspec)
     remembers of the bucket's listings: it keeps them for the process's life,
-    and another process (a run's other hosts, a rerun) may have written since."""
-    if _scheme(path) is None:
+    and another process (a run's other hosts, a rerun) may have written since.
+    Ours because the alternative, fsspec's process-wide config
+    (`use_listings_cache=False` for every gcs file system), would change the
+    process for the user's code too; elmo-jax's own file systems are made
+    without a listing cache (`filesystem`)."""
+    if scheme(path) is None:
         return
     import fsspec
 
-    protocol = REMOTE[_scheme(path)][0]
+    protocol = REMOTE[scheme(path)][0]
     kwargs = {"finalize_on_close": True} if protocol == "gcs" else {}
     fsspec.filesystem(protocol, **kwargs).invalidate_cache()
 
@@ -122,29 +150,64 @@ _CREDENTIALS = {"gs": "GOOGLE_APPLICATION_CREDENTIALS (a service account's key f
                       "on a machine whose role has access"}
 
 
+# the services' own error codes (S3's `Error.Code`, GCS's HTTP status)
+_REFUSED_KEYS = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidClientTokenId",
+                 "ExpiredToken", "InvalidToken", "TokenRefreshRequired"}
+_NO_PERMISSION = {"AccessDenied", "AllAccessDisabled", "AccountProblem"}
+_NO_BUCKET = {"NoSuchBucket"}
+_QUOTA = {"QuotaExceeded", "ServiceQuotaExceeded", "StorageQuotaExceeded"}
+
+
+def _service_answer(e: BaseException) -> tuple[int | None, str]:
+    """(HTTP status, the service's error code) behind a client's exception:
+    botocore's ClientError (s3fs raises a builtin from it, the ClientError
+    its cause), gcsfs's HttpError (its status; GCS's reason is not kept);
+    (None, "") when the service said nothing (unreachable, a timeout)."""
+    for x in (e, e.__cause__, e.__context__):
+        response = getattr(x, "response", None)
+        if isinstance(response, dict) and isinstance(response.get("Error"), dict):
+            return (response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+                    str(response["Error"].get("Code") or ""))
+        if type(x).__name__ == "HttpError" and isinstance(getattr(x, "code", None), int):
+            return x.code, ""
+    return None, ""
+
+
+def _is_type(e: BaseException, module: str, name: str) -> bool:
+    """Whether `e` (or its cause) is `module.name`, a client library's class
+    (imported only if the client is installed)."""
+    import importlib
+
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return False
+    return any(isinstance(x, cls) for x in (e, e.__cause__, e.__context__) if x is not None)
+
+
 def storage_error(path, e: BaseException) -> StorageError:
-    """A client's exception as one line that says what to do. Only a failure
-    of the service (unreachable, 5xx, rate limited) is `transient`."""
-    text = f"{type(e).__name__}: {e}".lower()
-    name = _scheme(path) or "gs"
-    bucket = str(path).split("/")[2] if _scheme(path) else ""
+    """A client's exception as one line that says what to do, told apart by
+    the exception's type and the service's status and error code. Only a
+    failure of the service (unreachable, 5xx, 429) is `transient`."""
+    status, code = _service_answer(e)
+    name = scheme(path) or "gs"
+    bucket = str(path).split("/")[2] if scheme(path) else ""
     said = first_line(e)
-    if any(k in text for k in ("quotaexceeded", "quota", "insufficient storage", " 507")):
+    # gcsfs raises GCS's 403 as a bare OSError("Forbidden: ...") without the
+    # reason: its message is all that tells an exhausted quota from a refusal
+    gcs_forbidden = type(e) is OSError and str(e).startswith("Forbidden:")
+    if code in _QUOTA or status == 507 or (gcs_forbidden and "quota" in str(e).lower()):
         why = (f"{path}: the storage quota is exhausted ({said}): raise the quota or free "
                "space; nothing was lost, and the same command goes on from where it stopped")
-    elif any(k in text for k in ("anonymous caller", "nocredentials", "unable to locate "
-                                 "credentials", ", 401", " 401 ", "unauthenticated")):
+    elif status == 401 or _is_type(e, "botocore.exceptions", "NoCredentialsError"):
         why = f"no credentials for {path}: set {_CREDENTIALS[name]}"
-    elif any(k in text for k in ("invalidaccesskeyid", "signaturedoesnotmatch",
-                                 "invalidclienttokenid", "expiredtoken", "invalid_grant",
-                                 "invalid credentials", "invalid_token",
-                                 "access key id you provided")):
+    elif code in _REFUSED_KEYS or _is_type(e, "google.auth.exceptions", "RefreshError"):
         why = f"the credentials for {path} were refused ({said}): set {_CREDENTIALS[name]}"
-    elif isinstance(e, PermissionError) or any(k in text for k in (
-            "403", "forbidden", "access denied", "accessdenied", "permission")):
+    elif code in _NO_PERMISSION or status == 403 or gcs_forbidden \
+            or isinstance(e, PermissionError):
         why = (f"no permission for {path} ({said}): give this machine's account access to "
                f"the bucket {bucket}")
-    elif "nosuchbucket" in text or "bucket does not exist" in text or "no such bucket" in text:
+    elif code in _NO_BUCKET:
         why = f"the bucket {bucket} of {path} does not exist: create it, or check its name"
     else:  # unreachable, a 5xx, rate limited (429, SlowDown): it may answer again
         return StorageError(f"{path}: the storage service failed ({type(e).__name__}: "

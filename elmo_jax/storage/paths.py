@@ -11,7 +11,8 @@ file (h5py, a memory map, a corpus read many times) take `local_copy`: the
 object downloaded once into the local cache, keyed by the object's identity
 (size and generation), so a changed object is fetched again.
 
-The clients, their credentials, errors and retries are `clients.py`'s; the
+The parser of a path's scheme, the clients, their credentials, errors and
+retries are `clients.py`'s; the
 local copies of objects and the local mirrors of bucket folders `copies.py`'s.
 """
 from __future__ import annotations
@@ -19,42 +20,11 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
-import re
 import shutil
 import tempfile
 
-from elmo_jax.storage.clients import REMOTE, filesystem, retry, storage_errors
-from elmo_jax.errors import PathError, StorageError
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
-# gs:/b: a bucket path through os.path.normpath (the "gs:" folder of old)
-_ONE_SLASH = re.compile(r"^(gs|s3):/(?!/)", re.IGNORECASE)
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._\-]{1,220}[a-z0-9]$")
-
-
-def scheme(path: str | os.PathLike) -> str | None:
-    """"gs" or "s3" for a bucket path, None for a local one; a PathError for
-    any other scheme or a malformed bucket path."""
-    text = os.fspath(path)
-    one = _ONE_SLASH.match(text)
-    if one:
-        raise PathError(f"{text}: a bucket path is {one.group(1).lower()}://BUCKET/PATH "
-                        "(two slashes)")
-    m = _SCHEME.match(text)  # a local name may hold a colon ("a:b"), never "://"
-    if m is None:
-        return None
-    name = m.group(1).lower()
-    if name == "file":
-        return None
-    if name not in REMOTE:
-        raise PathError(f"{text}: elmo-jax reads and writes local paths, gs://BUCKET/... and "
-                        f"s3://BUCKET/...; not {name}://")
-    bucket = text[m.end():].split("/", 1)[0]
-    if not _BUCKET.match(bucket):
-        raise PathError(f"{text}: {bucket!r} is not a bucket name (3-222 characters: "
-                        "lower-case letters, digits, '.', '-' and '_')")
-    return name
-
-
+from elmo_jax.storage.clients import filesystem, retry, scheme, storage_errors
+from elmo_jax.errors import StorageError
 def is_remote(path) -> bool:
     return path is not None and scheme(path) is not None
 
