@@ -25,7 +25,7 @@ $(STAMP): requirements.txt requirements-docs.txt requirements-accelerators.txt p
 # tests, in file order, and takes tests from the other's tail when it runs out
 # (worksteal: a long file no longer leaves one core idle at the end)
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist worksteal tests
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=30 tests
 
 # the quick tier for the edit-test loop (under 2.5 minutes on 2 cores): the unit
 # tests, without the end-to-end runs and the unit tests marked slow (10+ s each)
