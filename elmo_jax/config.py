@@ -20,13 +20,15 @@ import json
 import os
 from typing import Sequence
 
-import jax.numpy as jnp
-
 from elmo_jax.errors import UserError
 from elmo_jax.storage.files import read_json, write_json
 from elmo_jax.core.options import ElmoOptions, OptionsError
 
 SECTIONS = ("description", "model", "train", "data")
+# a run of several processes: how it is launched, not what it computes (the
+# commands' --heartbeat_timeout and --wait_for_peers; `training.pod`)
+HEARTBEAT_TIMEOUT = 100.0  # seconds a peer may stay silent before every process stops
+WAIT_FOR_PEERS = 300.0     # seconds to wait for every process at start
 SOFTMAX_INITS = ("unigram", "bilm-tf")  # how the softmax biases start (steps.init_softmax)
 
 
@@ -103,6 +105,8 @@ class TrainConfig:
 
     @property
     def dtype(self):
+        import jax.numpy as jnp  # here: reading a config needs no jax (`train.py --help`)
+
         return jnp.dtype(self.compute_dtype)
 
 
@@ -114,12 +118,14 @@ class DataConfig:
         train_files: a glob of sentence-per-line text files (local or in a
             bucket), or a folder prepared by `train.py prepare`.
         vocab_file: bilm-tf's vocabulary (one word a line, most frequent
-            first, with <S>, </S> and <UNK>).
+            first, with <S>, </S> and <UNK>; `train.py vocab` counts one).
         eval_files: a glob of held-out files for perplexity.
-        source: "text" (train_files) or "lm1b" (the TFDS dataset).
-        init_from: fine-tune from a weights hdf5, an export folder or a
-            workdir.
-        tokenize: "en" | "zh": raw lines are segmented first (once, cached).
+        source: "text" (the default: train_files) or "lm1b" (TensorFlow
+            Datasets' One Billion Word Benchmark).
+        init_from: fine-tune from a weights.hdf5 (options.json beside it),
+            an export folder, a training workdir or a published model's name.
+        tokenize: "en" or "zh": the files are raw lines, tokenised once
+            (Moses, or jieba's Chinese segmentation) and cached.
     """
     train_files: str | None = None
     vocab_file: str | None = None
@@ -131,6 +137,14 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    """A run: the model's options, how to train, what to train on.
+
+    Attributes:
+        model: bilm-tf's options (the "model" section, options.json unchanged).
+        train: how to train.
+        data: what to train on.
+        description: a line that says what the run is for.
+    """
     model: ElmoOptions
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()
@@ -349,3 +363,30 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
 
 def save_config(config: Config, path: str | os.PathLike) -> None:
     write_json(path, config.to_dict())
+
+
+def field_help(path: str) -> tuple[str, type]:
+    """(what the field means, the type its flag parses) of a config field
+    "section.name" (model.*: an `ElmoOptions` field), read from the section's
+    dataclass: its docstring's `Attributes:` entry and its annotation, so that
+    the commands' flags say what the config says.
+
+    Raises:
+        KeyError: no such field.
+    """
+    section, name = path.split(".", 1)
+    cls = {"model": ElmoOptions, "train": TrainConfig, "data": DataConfig}[section]
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    kind = str(field.type)
+    parse = int if kind.startswith("int") else float if kind.startswith("float") else str
+    doc = (cls.__doc__ or "").split("Attributes:", 1)[-1].splitlines()
+    text, inside = [], False
+    for line in doc:
+        stripped = line.strip()
+        if stripped.startswith(f"{name}:"):
+            text, inside = [stripped[len(name) + 1:].strip()], True
+        elif inside and line.startswith(" " * 12) and stripped:
+            text.append(stripped)
+        elif inside:
+            break
+    return " ".join(text), parse

@@ -82,12 +82,24 @@ def test_a_shipped_config_can_be_named():
 
 
 def test_train_py_shorthands_are_config_fields():
-    """Every flag train.py offers as a shorthand sets a real config field."""
+    """Every flag train.py offers as a shorthand sets a real config field, and
+    says what the field's docstring says, with its type."""
     from elmo_jax.cli import train as cli
+    from elmo_jax.config import field_help
 
-    for flag, (path, _) in cli.SHORTHANDS.items():
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        cli.main(["--help"], prog="elmo-jax train")
+    shown = "".join(out.getvalue().split())  # argparse wraps its lines
+    for flag, path in cli.SHORTHANDS.items():
+        meaning, parse = field_help(path)
+        assert meaning and parse in (int, float, str), path
+        assert "".join(f"{meaning} (= --set {path}=...)".split()) in shown, flag
         value = {"source": "lm1b", "profile_steps": "3:5", "tokenize": "zh"}.get(
-            flag, 7 if flag in cli.TYPES else "x")
+            flag, 7 if parse in (int, float) else "x")
         config = load_config(os.path.join(REPO, "configs", "tiny.json"),
                              [f"{path}={json.dumps(value)}"])
         section, field = path.split(".")

@@ -29,30 +29,15 @@ import sys
 from elmo_jax import environment
 
 # flag -> config path: the flags users already type, as shorthands for --set
+# (each flag's help and type are the config field's: `config.field_help`)
 SHORTHANDS = {
-    "train_files": ("data.train_files", "glob of sentence-per-line text files, or a folder "
-                                        "made by `train.py prepare`"),
-    "vocab_file": ("data.vocab_file", "bilm-tf vocabulary (see `train.py vocab`)"),
-    "eval_files": ("data.eval_files", "glob of held-out files for perplexity"),
-    "init_from": ("data.init_from", "fine-tune: a weights.hdf5 (options.json beside it), "
-                                    "an export folder or a training workdir"),
-    "source": ("data.source", "text (the default: --train_files) or lm1b (TensorFlow "
-                              "Datasets' One Billion Word Benchmark)"),
-    "tokenize": ("data.tokenize", "en or zh: the files are raw lines, tokenised once (Moses, "
-                                  "or jieba's Chinese segmentation) and cached"),
-    "max_steps": ("train.max_steps", "stop after this many steps"),
-    "max_seconds": ("train.max_seconds", "stop (and checkpoint) after this long"),
-    "seed": ("train.seed", None),
-    "eval_every": ("train.eval_every", None),
-    "checkpoint_every": ("train.checkpoint_every", None),
-    "log_every": ("train.log_every", None),
-    "profile_steps": ("train.profile_steps", "A:B: a jax.profiler trace of steps A to B in "
-                                             "WORKDIR/tensorboard (TensorBoard, Perfetto)"),
-    "batch_size": ("model.batch_size", "override the model options' batch_size: the global "
-                                       "batch, split over every device"),
+    "train_files": "data.train_files", "vocab_file": "data.vocab_file",
+    "eval_files": "data.eval_files", "init_from": "data.init_from", "source": "data.source",
+    "tokenize": "data.tokenize", "max_steps": "train.max_steps",
+    "max_seconds": "train.max_seconds", "seed": "train.seed", "eval_every": "train.eval_every",
+    "checkpoint_every": "train.checkpoint_every", "log_every": "train.log_every",
+    "profile_steps": "train.profile_steps", "batch_size": "model.batch_size",
 }
-TYPES = {"max_steps": int, "max_seconds": float, "seed": int, "eval_every": int,
-         "checkpoint_every": int, "log_every": int, "batch_size": int}
 
 
 def _train(argv, prog):
@@ -61,10 +46,13 @@ def _train(argv, prog):
     ap.add_argument("--config", required=True,
                     help="configs/NAME.json (or a bilm-tf options.json on its own)")
     ap.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, config.json")
-    for flag, (path, help_) in SHORTHANDS.items():
-        ap.add_argument(f"--{flag}", type=TYPES.get(flag, str),
+    from elmo_jax.config import HEARTBEAT_TIMEOUT, WAIT_FOR_PEERS, field_help  # no jax
+
+    for flag, path in SHORTHANDS.items():
+        meaning, parse = field_help(path)
+        ap.add_argument(f"--{flag}", type=parse,
                         choices=["text", "lm1b"] if flag == "source" else None,
-                        help=f"{help_ + ' ' if help_ else ''}(= --set {path}=...)")
+                        help=f"{meaning} (= --set {path}=...)")
     ap.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                     help="override any config field, e.g. train.learning_rate=0.1 or "
                          "model.lstm.dim=512 (repeatable)")
@@ -74,13 +62,14 @@ def _train(argv, prog):
     ap.add_argument("--coordinator_address")
     ap.add_argument("--num_processes", type=int)
     ap.add_argument("--process_id", type=int)
-    ap.add_argument("--heartbeat_timeout", type=float, default=100.0,
+    ap.add_argument("--heartbeat_timeout", type=float, default=HEARTBEAT_TIMEOUT,
                     help="several processes: seconds a silent peer (stalled, its host gone) is "
-                         "waited for before every other process stops with an error (default "
-                         "100; longer than the slowest checkpoint save or compile's pause)")
-    ap.add_argument("--wait_for_peers", type=float, default=300.0,
+                         f"waited for before every other process stops with an error (default "
+                         f"{HEARTBEAT_TIMEOUT:g}; longer than the slowest checkpoint save or "
+                         "compile's pause)")
+    ap.add_argument("--wait_for_peers", type=float, default=WAIT_FOR_PEERS,
                     help="several processes: seconds to wait at start for every process to "
-                         "join (default 300), saying so every 30 s")
+                         f"join (default {WAIT_FOR_PEERS:g}), saying so every 30 s")
     ap.add_argument("--per_device_batch", type=int,
                     help="rows per device, as bilm-tf's batch_size (per GPU): the global "
                          "model.batch_size becomes this times every device of the run")
@@ -113,7 +102,7 @@ def _train(argv, prog):
     from elmo_jax.training import train_and_evaluate
 
     overrides = [f"{path}={json.dumps(getattr(args, flag))}"
-                 for flag, (path, _) in SHORTHANDS.items() if getattr(args, flag) is not None]
+                 for flag, path in SHORTHANDS.items() if getattr(args, flag) is not None]
     if args.per_device_batch is not None:
         overrides.append(f"model.batch_size={args.per_device_batch * jax.device_count()}")
     config = load_config(args.config, args.set + overrides)

@@ -42,14 +42,13 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from elmo_jax import environment
+from elmo_jax.config import HEARTBEAT_TIMEOUT, WAIT_FOR_PEERS
 from elmo_jax.storage import paths
 from elmo_jax.storage.files import write_text
 
 KEY = "elmo_jax/failed/"
 ALIVE = "elmo_jax/alive/"
 POLL_SECONDS = 1.0
-HEARTBEAT_TIMEOUT = 100.0  # seconds a peer may stay silent (--heartbeat_timeout)
-WAIT_FOR_PEERS = 300.0     # seconds to wait for every process at start (--wait_for_peers)
 JAX_MARGIN = 60            # jax's own timeouts come this much later than ours
 _SETTINGS = {"heartbeat_timeout": HEARTBEAT_TIMEOUT}
 
