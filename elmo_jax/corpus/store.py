@@ -387,8 +387,6 @@ def local_store(directory: str, progress: bool = True) -> str:
     except OSError:  # another process assembled it meanwhile
         if not os.path.exists(os.path.join(dest, SPEC_FILE)):
             raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 

@@ -298,8 +298,7 @@ def _write_checked(dest: str, chunks, expected: File | None, shown: str) -> dict
                 for h in hashes.values():
                     h.update(chunk)
                 got += len(chunk)
-            out.flush()
-            digests = _check(shown, got, hashes, expected)
+            digests = _check(shown, got, hashes, expected)  # a mismatch: tmp removed
         return digests
     except OSError as e:
         if isinstance(e, DownloadError):
@@ -308,10 +307,6 @@ def _write_checked(dest: str, chunks, expected: File | None, shown: str) -> dict
             raise DownloadError(f"{shown}: the disk is full writing {dest}; free space or set "
                                 "ELMO_JAX_CACHE to a larger disk") from None
         raise DownloadError(f"{shown}: {e}") from None
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 @contextlib.contextmanager

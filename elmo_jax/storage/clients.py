@@ -168,12 +168,12 @@ def _service_answer(e: BaseException) -> tuple[int | None, str]:
         if isinstance(response, dict) and isinstance(response.get("Error"), dict):
             return (response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
                     str(response["Error"].get("Code") or ""))
-        if type(x).__name__ == "HttpError" and isinstance(getattr(x, "code", None), int):
+        if _is_type(x, "gcsfs.retry", "HttpError") and isinstance(x.code, int):
             return x.code, ""
     return None, ""
 
 
-def _is_type(e: BaseException, module: str, name: str) -> bool:
+def _is_type(e: BaseException | None, module: str, name: str) -> bool:
     """Whether `e` (or its cause) is `module.name`, a client library's class
     (imported only if the client is installed)."""
     import importlib
@@ -182,7 +182,8 @@ def _is_type(e: BaseException, module: str, name: str) -> bool:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
         return False
-    return any(isinstance(x, cls) for x in (e, e.__cause__, e.__context__) if x is not None)
+    return any(isinstance(x, cls) for x in (e, getattr(e, "__cause__", None),
+                                            getattr(e, "__context__", None)) if x is not None)
 
 
 def storage_error(path, e: BaseException) -> StorageError:

@@ -104,11 +104,6 @@ def local_copy_tree(path) -> str:
     return dest
 
 
-def _made(folder: str) -> str:
-    os.makedirs(folder, exist_ok=True)
-    return folder
-
-
 class Mirror:
     """A local folder that stands for a folder in a bucket, for writers that
     append or write by name (the metrics log, TensorBoard's event files, a
