@@ -36,6 +36,7 @@ _API = {
     "NnxElmoEmbedder": "api.flax_modules", "score_sentences": "api.scoring", "open_model": "formats.stored_model",
     "tokenize": "data.segmentation", "Lexicon": "core.lexicon", "list_models": "formats.registry",
     "open_embeddings": "corpus.store", "embed_corpus": "corpus", "CorpusSettings": "corpus",
+    "export_model": "formats.serving",
 }
 __all__ = list(_API)
 __version__ = "0.1.0"

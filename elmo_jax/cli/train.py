@@ -123,14 +123,30 @@ def _train(argv, prog):
 
 
 def _export(argv, prog):
-    ap = argparse.ArgumentParser(prog=prog)
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--out", required=True,
-                    help="directory for options.json + weights.hdf5 + vocab.txt")
-    args = ap.parse_args(argv)
-    from elmo_jax.training import export
+    ap = argparse.ArgumentParser(
+        prog=prog, description="Write a model as an artifact other stacks load: bilm-tf's "
+        "format (AllenNLP and bilm-tf read it), a TF2 SavedModel with TF-Hub ELMo's "
+        "signatures, or a jax.export program (docs/guides/serving.md).")
+    model = ap.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="what open_model opens: a published name, an export "
+                       "folder, a weights file, a training workdir, an ELMoForManyLangs "
+                       "folder; local or gs:// / s3://")
+    model.add_argument("--workdir", help="a training run (the same as --model)")
+    from elmo_jax.formats.serving import FORMATS
 
-    print(json.dumps(export(args.workdir, args.out)))
+    ap.add_argument("--format", default="bilm-tf", choices=FORMATS,
+                    help="bilm-tf: options.json + weights.hdf5 + vocab.txt + softmax.hdf5; "
+                    "savedmodel: TF-Hub ELMo's interface; jax: embed.jaxexport + weights.npz")
+    ap.add_argument("--out", required=True,
+                    help="a new or empty folder (local or in a bucket), written whole")
+    ap.add_argument("--options", help="the options.json of a weights file")
+    ap.add_argument("--trainable-bilm", action="store_true",
+                    help="savedmodel: the biLM's weights train too (else only the mix)")
+    args = ap.parse_args(argv)
+    from elmo_jax.formats.serving import export_model
+
+    print(json.dumps(export_model(args.model or args.workdir, args.out, args.format,
+                                  trainable_bilm=args.trainable_bilm, options=args.options)))
 
 
 def _eval(argv, prog):

@@ -76,6 +76,16 @@ class Lexicon:
         return FIRST_CHAR + len(self.chars)
 
     @property
+    def char_rows(self) -> dict[str, int]:
+        """{character: its row} (others spell as `OOV`)."""
+        return dict(self._char_rows)
+
+    @property
+    def word_rows(self) -> dict[str, int] | None:
+        """{word: its row} (others are `WORD_OOV`), None without words."""
+        return None if self._word_rows is None else dict(self._word_rows)
+
+    @property
     def n_words(self) -> int:
         return 0 if self.words is None else FIRST_WORD + len(self.words)
 

@@ -18,7 +18,7 @@ import tempfile
 
 from elmo_jax.storage import clients, paths
 from elmo_jax import environment
-from elmo_jax.errors import MissingFile
+from elmo_jax.errors import MissingFile, UserError
 
 
 def local_cache_root() -> str:
@@ -170,3 +170,34 @@ def written_folder(folder):
         mirror.sync()
     finally:
         shutil.rmtree(mirror.local, ignore_errors=True)
+
+
+class FolderNotEmpty(UserError, FileExistsError):
+    """An output folder that already holds something (nothing is overwritten)."""
+
+
+@contextlib.contextmanager
+def new_folder(folder, last: tuple[str, ...] = ()):
+    """Yield a local folder to write the artifact `folder` into, whole: it must
+    not exist or be empty. A local `folder` appears by one rename when the
+    block ends without an error; a bucket's gets each file uploaded, the
+    files named in `last` (what a reader opens first) after the others, so
+    an interrupted upload leaves no artifact that loads. Nothing is written
+    on an error."""
+    folder = paths.check(folder)
+    if paths.exists(folder) and (not paths.isdir(folder) or paths.listdir(folder)):
+        raise FolderNotEmpty(f"{folder} exists and is not an empty folder: choose a new "
+                             "--out (nothing is overwritten)")
+    if not paths.is_remote(folder):
+        with paths.atomic_dir(folder, replace=True) as tmp:
+            yield tmp
+        return
+    tmp = tempfile.mkdtemp(prefix="elmo-jax-artifact-")
+    try:
+        yield tmp
+        files = sorted(os.path.relpath(os.path.join(root, n), tmp)
+                       for root, _, names in os.walk(tmp) for n in names)
+        for rel in sorted(files, key=lambda rel: rel in last):
+            paths.upload(os.path.join(tmp, rel), paths.join(folder, *rel.split(os.sep)))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

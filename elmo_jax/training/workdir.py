@@ -26,6 +26,7 @@ from elmo_jax.config import Config, save_config
 from elmo_jax.errors import UserError
 from elmo_jax.core.lexicon import LEXICON_FILE, Lexicon
 from elmo_jax.formats.stored_model import CONFIG_FILE, StoredModel, open_model
+from elmo_jax.formats.serving import export_model
 from elmo_jax.training.partitioning import cursor_sharding
 from elmo_jax.training.steps import TrainState
 from elmo_jax.core.vocab import Vocabulary
@@ -107,20 +108,18 @@ def run_lexicon(workdir: str, options, pretrained: StoredModel | None):
 
 
 def export(workdir: str, out_dir: str) -> dict:
-    """The newest checkpoint as an export folder (`train.py export`): bilm-tf's
-    and AllenNLP's format, with the vocabulary and the softmax (for scoring).
+    """The newest checkpoint as an export folder in bilm-tf's and AllenNLP's
+    format, with the vocabulary and the softmax (for scoring): `export_model`
+    of a run.
 
     Args:
         workdir: a training workdir (local or in a bucket).
-        out_dir: the export folder to write (local or in a bucket).
+        out_dir: the new (or empty) export folder (local or in a bucket).
 
     Returns:
-        {"step": the checkpoint's step, "out_dir": out_dir}.
+        {"format": "bilm-tf", "out_dir": out_dir, "step": the checkpoint's step}.
     """
-    run = open_model(workdir)
-    export_lib.save_export(out_dir, run.params, run.options, run.vocab, softmax=run.softmax,
-                           lexicon=run.lexicon)
-    return {"step": run.step, "out_dir": out_dir}
+    return export_model(workdir, out_dir, "bilm-tf")
 
 
 def load_pretrained(init_from: str, vocab: Vocabulary) -> StoredModel:
