@@ -33,10 +33,11 @@ _API = {
     "EmbedOutput": "core.embedding", "init_mix": "core.embedding", "scalar_mix": "core.embedding",
     "init_state": "core.bilm", "init_params": "core.bilm", "LSTMState": "core.bilm", "Elmo": "api.elmo",
     "load_export": "formats.export", "save_export": "formats.export", "ElmoEmbedder": "api.flax_modules",
-    "NnxElmoEmbedder": "api.flax_modules", "score_sentences": "api.scoring", "open_model": "formats.stored_model",
+    "NnxElmoEmbedder": "api.flax_modules", "ElmoOutput": "api.flax_modules", "BiLMWeights": "api.flax_modules",
+    "score_sentences": "api.scoring", "open_model": "formats.stored_model",
     "tokenize": "data.segmentation", "Lexicon": "core.lexicon", "list_models": "formats.registry",
     "open_embeddings": "corpus.store", "embed_corpus": "corpus", "CorpusSettings": "corpus",
-    "export_model": "formats.serving",
+    "export_model": "formats.serving", "ArgumentError": "core.embedding",
 }
 __all__ = list(_API)
 __version__ = "0.1.0"

@@ -24,9 +24,13 @@ for kind, name, members in re.findall(
 
 
 def resolve(dotted):
+    """The object a dotted name names, as autodoc finds it (a submodule is
+    imported when its package does not import it)."""
     parts = dotted.split(".")
     obj = importlib.import_module(parts[0])
-    for part in parts[1:]:
+    for i, part in enumerate(parts[1:], 1):
+        if not hasattr(obj, part) and inspect.ismodule(obj):
+            importlib.import_module(".".join(parts[:i + 1]))
         obj = getattr(obj, part)
     return obj
 

@@ -105,7 +105,8 @@ def test_linen_under_nn_jit_and_a_sharded_jit(fixture_model):
     class Tagger(nn.Module):  # ELMo inside a ten-line model
         @nn.compact
         def __call__(self, ids):
-            (x,), mask = nn.jit(ElmoEmbedder)(options, dropout=0.0, name="elmo")(ids)
+            (x,), mask = nn.jit(ElmoEmbedder)(options, dropout=0.0, random_bilm=True,
+                                              name="elmo")(ids)
             return nn.Dense(3)(x), mask
 
     model = Tagger()

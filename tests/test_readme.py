@@ -22,11 +22,12 @@ pytestmark = pytest.mark.e2e
 # other (the training guide's run is the AllenNLP and scoring sections' model)
 DOCS = ["README.md", "docs/index.md", "docs/quickstart.md", "docs/guides/chinese.md",
         "docs/guides/embedding.md", "docs/guides/models.md", "docs/guides/flax.md",
-        "docs/guides/corpus.md", "docs/guides/training.md", "docs/reference/commands.md",
+        "docs/guides/corpus.md", "docs/guides/training.md", "docs/guides/serving.md",
+        "docs/reference/commands.md",
         "docs/guides/pods.md", "docs/guides/tasks.md", "docs/performance.md",
         "docs/guides/recipes.md", "docs/reference/config.md", "docs/reference/api.md",
         "docs/reference/environment.md",
-        "docs/formats/export.md", "docs/formats/store.md", "docs/formats/workdir.md",
+        "docs/formats/export.md", "docs/formats/serving.md", "docs/formats/store.md", "docs/formats/workdir.md",
         "docs/layout.md", "docs/changelog.md"]
 TEXT = {d: open(os.path.join(REPO, d), encoding="utf-8").read() for d in DOCS}
 README = TEXT["README.md"]

@@ -18,7 +18,7 @@ LAYERS = [
     [("storage", "paths local and in buckets, whole writes, local copies")],
     [("core", "the pure model: options, spelling, vocabulary, kernels, biLM, embed, softmax")],
     [("config", "a run's configuration")],
-    [("formats", "weights, exports, checkpoints, published models, open_model")],
+    [("formats", "weights, exports, serving artifacts, checkpoints, published models, open_model")],
     [("data", "text, tokenisation, prepared tokens, training batches, corpus recipes")],
     [("corpus", "the corpus job and its embedding store"), ("training", "the training run"),
      ("api", "what a user embeds with: Elmo, the Flax modules, scores")],

@@ -19,28 +19,46 @@ and `nnx.Optimizer(..., wrt=nnx.Param)` leave it alone.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+import warnings
+from typing import Any, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.core import unfreeze
 
 from elmo_jax.core.chars import batch_to_char_ids
-from elmo_jax.core.embedding import embed
+from elmo_jax.core.embedding import check_options, embed
 from elmo_jax.core.bilm import init_params
 from elmo_jax.core.options import ElmoOptions
 
 
+class ElmoOutput(NamedTuple):
+    """What the modules return (a pytree; unpacks as `(mixed,), mask`).
+
+    Attributes:
+        mixed: one [B, T, 2P] array per scalar mix (dropout applied when
+            training).
+        mask: [B, T] bool, True at real tokens.
+    """
+    mixed: tuple
+    mask: jax.Array
+
+
 def _load(module: "ElmoEmbedder", rng) -> dict:
     """The biLM weights `init` starts from: those given (opened once, before),
-    else random ones; the deprecated `weights_file` is read here."""
+    else random ones (said, unless `random_bilm`); the deprecated
+    `weights_file` is read here. Plain dicts (linen freezes a module's dict
+    attributes)."""
     if module.weights is not None:
-        return jax.tree.map(jnp.asarray, module.weights)
+        return jax.tree.map(jnp.asarray, unfreeze(module.weights))
     if module.weights_file is None:
+        if not module.random_bilm:
+            warnings.warn("ElmoEmbedder has no weights: its biLM is random. Open a model "
+                          "(ElmoEmbedder.from_pretrained(path), or weights=open_model(path)"
+                          ".params), or pass random_bilm=True if that is meant", stacklevel=4)
         return init_params(module.options, rng)
-    import warnings
-
     warnings.warn("ElmoEmbedder(weights_file=...) reads the file inside init; open the model "
                   "once instead: ElmoEmbedder.from_pretrained(path) or "
                   "ElmoEmbedder(options, weights=open_model(path).params)",
@@ -70,6 +88,11 @@ class ElmoEmbedder(nn.Module):
         dtype: the matmul dtype of the biLM (bfloat16 on accelerators).
         lexicon: the dictionaries of a model that spells tokens with them
             (ELMoForManyLangs'); `char_ids` uses them.
+        random_bilm: without weights, a random biLM is meant (no warning).
+
+    Called as `embedder.apply(variables, char_ids, deterministic=True)`:
+    deterministic (no dropout) unless `deterministic=False`, as
+    `NnxElmoEmbedder` is until `.train()`. Returns an `ElmoOutput`.
     """
     options: ElmoOptions
     weights: Any = None
@@ -80,6 +103,7 @@ class ElmoEmbedder(nn.Module):
     fine_tune: bool = False
     dtype: Any = jnp.float32
     lexicon: Any = None
+    random_bilm: bool = False
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, **kwargs) -> "ElmoEmbedder":
@@ -113,7 +137,8 @@ class ElmoEmbedder(nn.Module):
         return _char_ids(self.options, self.lexicon, sentences, min_length)
 
     @nn.compact
-    def __call__(self, char_ids, deterministic: bool = True):
+    def __call__(self, char_ids, deterministic: bool = True) -> ElmoOutput:
+        check_options(self.options, "ElmoEmbedder")
         if self.fine_tune:
             bilm = self.param("bilm", lambda rng: _load(self, rng))
         else:
@@ -129,7 +154,8 @@ class ElmoEmbedder(nn.Module):
         out = embed(bilm, char_ids, self.options, mix=mix, mix_layer_norm=self.layer_norm,
                     dtype=self.dtype)
         drop = nn.Dropout(self.dropout)
-        return tuple(drop(m, deterministic=deterministic) for m in out.mixed), out.mask
+        return ElmoOutput(tuple(drop(m, deterministic=deterministic) for m in out.mixed),
+                          out.mask)
 
 
 def _char_ids(options: ElmoOptions, lexicon, sentences, min_length: int):
@@ -161,13 +187,23 @@ def init_variables(module: ElmoEmbedder, rng: jax.Array, char_ids, bilm_params: 
 
 class BiLMWeights(nnx.Variable):
     """The biLM's weights when frozen: not an nnx.Param, so gradients and
-    optimizers over parameters leave them alone."""
+    optimizers over parameters (`nnx.Optimizer(..., wrt=nnx.Param)`) leave
+    them alone; `nnx.state(model, BiLMWeights)` selects them.
+
+    Args:
+        value: one parameter array of the biLM.
+        hijax: as `nnx.Variable`'s.
+        ref: as `nnx.Variable`'s.
+        eager_sharding: as `nnx.Variable`'s (and any metadata).
+    """
 
 
 class NnxElmoEmbedder(nnx.Module):
     """ElmoEmbedder in NNX: `NnxElmoEmbedder(options, bilm_params, rngs=nnx.Rngs(0))`,
-    called as `embedder(char_ids)` -> (a tuple of n_mixes [B, T, 2P] mixes,
-    the mask [B, T]). `model.eval()` turns the dropout off.
+    called as `embedder(char_ids)` -> an `ElmoOutput` (a tuple of n_mixes
+    [B, T, 2P] mixes, the mask [B, T]). Deterministic (no dropout), as the
+    linen module, until `model.train()` (or `deterministic=False` in the
+    call); `model.eval()` turns the dropout off again.
 
     Args:
         options: the biLM's `ElmoOptions`.
@@ -185,12 +221,13 @@ class NnxElmoEmbedder(nnx.Module):
     def __init__(self, options: ElmoOptions, bilm_params: dict, *, n_mixes: int = 1,
                  layer_norm: bool = False, dropout: float = 0.5, fine_tune: bool = False,
                  dtype=jnp.float32, lexicon=None, rngs: nnx.Rngs):
+        options = check_options(options, "NnxElmoEmbedder")
         kind = nnx.Param if fine_tune else BiLMWeights
         self.bilm = nnx.data(jax.tree.map(lambda x: kind(jnp.asarray(x)), bilm_params))
         K = options.n_output_layers
         self.scalar_mix_weights = nnx.Param(jnp.zeros((n_mixes, K), jnp.float32))
         self.gamma = nnx.Param(jnp.ones((n_mixes,), jnp.float32))
-        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+        self.dropout = nnx.Dropout(dropout, deterministic=True, rngs=rngs)  # until .train()
         self.options, self.layer_norm, self.fine_tune, self.dtype = (options, layer_norm,
                                                                      fine_tune, dtype)
         self.lexicon = lexicon
@@ -224,7 +261,7 @@ class NnxElmoEmbedder(nnx.Module):
         """
         return _char_ids(self.options, self.lexicon, sentences, min_length)
 
-    def __call__(self, char_ids, deterministic: bool | None = None):
+    def __call__(self, char_ids, deterministic: bool | None = None) -> ElmoOutput:
         bilm = jax.tree.map(lambda v: v[...], self.bilm,
                             is_leaf=lambda v: isinstance(v, nnx.Variable))
         if not self.fine_tune:
@@ -232,5 +269,5 @@ class NnxElmoEmbedder(nnx.Module):
         mix = {"weights": self.scalar_mix_weights[...], "gamma": self.gamma[...]}
         out = embed(bilm, char_ids, self.options, mix=mix, mix_layer_norm=self.layer_norm,
                     dtype=self.dtype)
-        return (tuple(self.dropout(m, deterministic=deterministic) for m in out.mixed),
-                out.mask)
+        return ElmoOutput(tuple(self.dropout(m, deterministic=deterministic) for m in out.mixed),
+                          out.mask)

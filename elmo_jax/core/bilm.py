@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.core import chars
-from elmo_jax.core.kernels import char_conv_max, input_gates, lstm_scan
+from elmo_jax.core.kernels import char_conv_max, input_gates, lstm_scan, plain
 from elmo_jax.core.options import ElmoOptions
 from elmo_jax.core.batching import round_up
 
@@ -117,6 +117,7 @@ class LSTMLayer(nn.Module):
     unroll: int = 1
     dtype: jnp.dtype = jnp.float32  # matmul input dtype; state and gates stay float32
     segments: tuple | None = None
+    forward_mode: bool = False  # the kernels' plain formulas (see `embed`)
 
     @nn.compact
     def __call__(self, x, mask, h0, c0):
@@ -139,10 +140,12 @@ class LSTMLayer(nn.Module):
             raise ValueError(f"segments {self.segments} do not fit a batch of {B} x {T}")
         h, c = h0, c0
         pieces = []
+        gates, scan = ((plain(input_gates), plain(lstm_scan)) if self.forward_mode
+                       else (input_gates, lstm_scan))
         for t0, t1, n in self.segments or ((0, T, B),):
             # the input-to-gates matmul for all positions of the segment, outside the scan
-            gx = input_gates(x[:, :n, t0:t1].astype(self.dtype), w_in) + b[None, :, :, None]
-            out, (hn, cn) = lstm_scan(self.cell_clip, proj_clip, self.unroll, w_h_t,
+            gx = gates(x[:, :n, t0:t1].astype(self.dtype), w_in) + b[None, :, :, None]
+            out, (hn, cn) = scan(self.cell_clip, proj_clip, self.unroll, w_h_t,
                                       w_proj_t, gx, mask[:n, t0:t1].T.astype(jnp.float32),
                                       jnp.swapaxes(h[:, :n], 1, 2), jnp.swapaxes(c[:, :n], 1, 2))
             h = h.at[:, :n].set(jnp.swapaxes(hn, 1, 2))
@@ -184,6 +187,7 @@ class BiLSTM(nn.Module):
     unroll: int = 1
     dtype: jnp.dtype = jnp.float32
     segments: tuple | None = None
+    forward_mode: bool = False
 
     @nn.compact
     def __call__(self, x, mask, state: LSTMState, deterministic: bool = True):
@@ -194,7 +198,8 @@ class BiLSTM(nn.Module):
             x_in = nn.Dropout(self.options.dropout)(x, deterministic=deterministic)
             out, (h, c) = LSTMLayer(o.dim, o.projection_dim, o.cell_clip, o.proj_clip,
                                     unroll=self.unroll, dtype=self.dtype, segments=self.segments,
-                                    name=f"layer_{layer}")(x_in, mask, state.h[layer], state.c[layer])
+                                    forward_mode=self.forward_mode, name=f"layer_{layer}")(
+                                        x_in, mask, state.h[layer], state.c[layer])
             if o.use_skip_connections and layer > 0:
                 out = out + x_in
             outputs.append(out)
@@ -215,6 +220,7 @@ class CharConv(nn.Module):
     features: int
     width: int
     kernel_init: Callable
+    forward_mode: bool = False
 
     @nn.compact
     def __call__(self, x):
@@ -222,7 +228,7 @@ class CharConv(nn.Module):
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
         # the bias after the max: the same numbers (rounding is monotonic), without
         # a pass over the [N, C - w + 1, F] convolution output
-        return char_conv_max(x, kernel) + bias
+        return (plain(char_conv_max) if self.forward_mode else char_conv_max)(x, kernel) + bias
 
 
 class Highway(nn.Module):
@@ -247,6 +253,7 @@ class CharEncoder(nn.Module):
     (ELMoForManyLangs) the word id last, whose embedding goes into the
     projection before the highway output."""
     options: ElmoOptions
+    forward_mode: bool = False
 
     @nn.compact
     def __call__(self, char_ids):
@@ -263,7 +270,8 @@ class CharEncoder(nn.Module):
                 init = _uniform(0.05)  # Kim et al. 2015, as bilm-tf
             else:
                 init = nn.initializers.normal(float(np.sqrt(1.0 / (width * c.embedding_dim))))
-            pooled.append(CharConv(num, width, kernel_init=init, name=f"conv_{i}")(x))
+            pooled.append(CharConv(num, width, kernel_init=init, forward_mode=self.forward_mode,
+                                   name=f"conv_{i}")(x))
         act = jax.nn.relu if c.activation == "relu" else jnp.tanh
         x = act(jnp.concatenate(pooled, axis=-1))
         for k in range(c.n_highway):
@@ -282,11 +290,12 @@ class BiLM(nn.Module):
     unroll: int = 1
     dtype: jnp.dtype = jnp.float32
     segments: tuple | None = None  # see LSTMLayer
+    forward_mode: bool = False  # the kernels' plain formulas, for jax.jvp (see `embed`)
 
     def setup(self):
-        self.char_encoder = CharEncoder(self.options)
+        self.char_encoder = CharEncoder(self.options, forward_mode=self.forward_mode)
         self.lstm = BiLSTM(self.options, unroll=self.unroll, dtype=self.dtype,
-                           segments=self.segments)
+                           segments=self.segments, forward_mode=self.forward_mode)
 
     def encode_tokens(self, char_ids):
         """[..., C] char ids -> [..., P] context-independent token vectors."""

@@ -122,6 +122,10 @@ def batch_to_char_ids(sentences: Sequence[Sequence[str]], max_chars: int = MAX_C
                         f"strings; got {type(sentences).__name__}")
     if len(sentences) == 0:
         raise ValueError("batch_to_char_ids got an empty batch: pass at least one sentence")
+    if all(isinstance(s, str) and not any(c.isspace() for c in s) for s in sentences):  # tokens
+        shown = ", ".join(repr(s) for s in sentences[:3]) + (", ..." if len(sentences) > 3 else "")
+        raise TypeError("batch_to_char_ids takes a batch of sentences: for one sentence, wrap "
+                        f"its tokens in a list: [[{shown}]]")
     for i, s in enumerate(sentences):
         if isinstance(s, str):
             raise TypeError(f"sentence {i} is a str, not a list of tokens: split it first "

@@ -59,6 +59,14 @@ def _clip(x, limit):
     return x if limit is None else jnp.clip(x, -limit, limit)
 
 
+def plain(kernel):
+    """A kernel's own formula, without its hand-written backward pass (the
+    function `jax.custom_vjp` wraps): every transform differentiates it,
+    forward mode (`jax.jvp`, `jacfwd`, `hessian`) included, and reverse mode
+    with XLA's own gradients."""
+    return kernel.fun
+
+
 def within_clip(x, limit):
     """d clip(x) / dx as TensorFlow's clip_by_value has it: the gradient passes
     at the limits themselves (-limit <= x <= limit)."""

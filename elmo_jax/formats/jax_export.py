@@ -34,8 +34,15 @@ PLATFORMS = ("cpu", "cuda", "tpu")  # one artifact for every accelerator JAX ser
 
 
 def flat_weights(params: dict) -> dict[str, np.ndarray]:
-    """{"char_encoder/char_embed": array, ...}: the biLM's parameters by
-    `/`-joined path, as float32 numpy arrays."""
+    """The biLM's parameters as one flat dict (weights.npz's keys).
+
+    Args:
+        params: the biLM's parameter tree.
+
+    Returns:
+        {"char_encoder/char_embed": array, ...}: each parameter by its
+        `/`-joined path, as a float32 numpy array.
+    """
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     return {"/".join(str(k.key) for k in path): np.asarray(v, np.float32) for path, v in leaves}
 

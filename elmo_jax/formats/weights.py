@@ -206,8 +206,8 @@ def load_weights(path: str | os.PathLike, options: ElmoOptions) -> dict:
 
     Args:
         path: the hdf5 file (local, in a bucket).
-        options: the model's `ElmoOptions`; every dataset's shape is checked
-            against them.
+        options: the model's `ElmoOptions` (or the path of its options.json);
+            every dataset's shape is checked against them.
 
     Returns:
         The biLM parameter tree (numpy float32 arrays), `embed`'s `params`.
@@ -216,6 +216,8 @@ def load_weights(path: str | os.PathLike, options: ElmoOptions) -> dict:
         WeightsError: a missing, damaged or truncated file, a missing dataset
             or one whose shape does not match the options (named).
     """
+    if isinstance(options, (str, os.PathLike)):  # the options file, as AllenNLP's Elmo takes it
+        options = ElmoOptions.from_json(options)
     return datasets_to_params(read_datasets(path, options), options)
 
 
