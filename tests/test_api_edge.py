@@ -156,3 +156,14 @@ def test_forward_mode_goes_through_jvp_and_matches_finite_differences(model):
     # reverse mode through the plain formulas equals the hand-written backward passes
     grad = lambda fm: jax.grad(lambda w: jnp.sum(layers(w, fm) ** 2))(w)
     np.testing.assert_allclose(grad(True), grad(False), atol=1e-5)
+
+
+def test_the_shipped_model_is_the_fixture_by_name(model):
+    """`bilm-tf-tiny` (in the package, for examples that run anywhere) is the
+    fixture bilm-tf trained, weights for weights."""
+    shipped = elmo_jax.open_model("bilm-tf-tiny")
+    assert shipped.options.network() == model.options.network()
+    for a, b in zip(jax.tree.leaves(shipped.params), jax.tree.leaves(model.params)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="brings its own options"):
+        elmo_jax.open_model("bilm-tf-tiny", options=OPTIONS)

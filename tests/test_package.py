@@ -46,6 +46,10 @@ def test_wheel_installs_the_commands(tmp_path):
                   "print(elmo_jax.__file__); print(c.load_config('tiny').model.lstm.dim)"],
                  cwd=tmp_path, env=env).stdout.split()
     assert where[0].startswith(str(venv)) and where[1] == "256"
+    # the shipped model opens by name from any folder (the docs' examples use it)
+    shipped = _run([str(py), "-c", "import elmo_jax; print(elmo_jax.open_model('bilm-tf-tiny')"
+                    ".path)"], cwd=tmp_path, env=env).stdout.strip()
+    assert shipped.startswith(str(venv))
 
     (tmp_path / "in.txt").write_text("The bank of the river .\nI play the piano .\n")
     out = _run([str(venv / "bin" / "elmo-jax"), "embed", "--input", "in.txt", "--output",

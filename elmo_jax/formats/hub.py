@@ -1,6 +1,7 @@
 """Models by name or URL: cached, verified downloads (`resolve`).
 
     resolve("original")                      a registry name (`registry.py`)
+    resolve("bilm-tf-tiny")                  a model shipped in the package (`SHIPPED`)
     resolve("https://.../x_weights.hdf5", options="https://.../x_options.json")
     resolve("https://.../179.zip")            an archive of a model folder
     resolve("/path/to/model.zip")             a local archive (extracted once)
@@ -33,6 +34,9 @@ from elmo_jax.formats.downloads import DownloadError, cache_dir, fetch, fetch_fi
 from elmo_jax.errors import MissingFile, UserError
 from elmo_jax.formats.registry import REGISTRY, Published
 
+# models in the package itself, for examples that run anywhere (no download)
+SHIPPED = {"bilm-tf-tiny": os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                        "shipped_models", "bilm-tf-tiny")}
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 
 
@@ -53,6 +57,10 @@ def resolve(model: str | os.PathLike, options: str | os.PathLike | None = None,
     registry name, a URL (with `options=` its options URL) or a local path.
     A registry model's vocabulary and softmax (the original's: 1.6 GB) are
     fetched only with `softmax` (scoring)."""
+    if isinstance(model, str) and model in SHIPPED and not os.path.exists(model):
+        if options is not None:
+            raise ValueError(f"{model!r} is a shipped model: it brings its own options")
+        return SHIPPED[model], None
     if isinstance(model, str) and model in REGISTRY and not os.path.exists(model):
         if options is not None:
             raise ValueError(f"{model!r} is a registry name: it brings its own options")
