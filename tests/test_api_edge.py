@@ -71,6 +71,7 @@ def mistakes(model):
         ("a mix without gamma", lambda: elmo_jax.embed(
             p, ids, o, mix={"weights": jnp.zeros((1, 3))}), "init_mix"),
         ("one token's ids", lambda: elmo_jax.embed(p, ids[0, 0], o), "[batch, tokens, chars]"),
+        ("out.mixed without a mix", lambda: elmo_jax.embed(p, ids, o).mixed[0], "mix=init_mix"),
         ("the NNX module with an options path", lambda: elmo_jax.NnxElmoEmbedder(
             OPTIONS, p, rngs=nnx.Rngs(0)), "ElmoOptions.from_json"),
     ]

@@ -22,7 +22,15 @@ from elmo_jax.core.options import ElmoOptions
 from elmo_jax.errors import UserError
 
 
-class EmbedOutput(NamedTuple):
+class _EmbedFields(NamedTuple):
+    layers: jax.Array
+    mask: jax.Array
+    state: LSTMState
+    mixed: tuple | None = None
+    mix_weights: jax.Array | None = None
+
+
+class EmbedOutput(_EmbedFields):
     """What `embed` returns (a pytree).
 
     Attributes:
@@ -31,14 +39,20 @@ class EmbedOutput(NamedTuple):
             zero at padded tokens.
         mask: [B, T] bool, True at real tokens.
         state: the LSTMState after the last real position of each row.
-        mixed: one [B, T, 2P] array per scalar mix, or None without `mix`.
-        mix_weights: [n_mixes, L+1] softmax-normalised mix weights, or None.
+        mixed: one [B, T, 2P] array per scalar mix; reading it from a call
+            without `mix` is an `ArgumentError` that says to pass one.
+        mix_weights: [n_mixes, L+1] softmax-normalised mix weights, or None
+            without `mix`.
     """
-    layers: jax.Array
-    mask: jax.Array
-    state: LSTMState
-    mixed: tuple | None = None
-    mix_weights: jax.Array | None = None
+    __slots__ = ()
+
+    @property
+    def mixed(self) -> tuple:
+        value = tuple.__getitem__(self, 3)
+        if value is None:
+            raise ArgumentError("EmbedOutput.mixed: embed was called without a mix; pass "
+                                "mix=init_mix(options) (the layers are in .layers)")
+        return value
 
 
 def init_mix(options: ElmoOptions, n_mixes: int = 1) -> dict:
@@ -309,7 +323,7 @@ def embed(params: dict, char_ids: jax.Array, options: ElmoOptions,
     if not one:
         return out
     return EmbedOutput(out.layers[:, 0], out.mask[0], jax.tree.map(lambda a: a[:, :, 0], out.state),
-                       None if out.mixed is None else tuple(m[0] for m in out.mixed),
+                       None if out.mix_weights is None else tuple(m[0] for m in out.mixed),
                        out.mix_weights)
 
 
