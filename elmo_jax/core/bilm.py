@@ -24,7 +24,8 @@ is the only place that knows TF's names and gate order.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+import functools
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -361,3 +362,18 @@ def init_params(options: ElmoOptions, rng: jax.Array) -> dict:
         if name in params["char_encoder"]:
             params["char_encoder"][name] = params["char_encoder"][name].at[0].set(0.0)
     return params
+
+
+def named_leaves(params) -> dict[str, Any]:
+    """A parameter tree's leaves by `/`-joined path: {"char_encoder/char_embed":
+    leaf, ...} (the jax.export artifact's keys; the names errors give)."""
+    return {"/".join(str(getattr(k, "key", k)) for k in path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+@functools.lru_cache(maxsize=32)
+def param_shapes(options: ElmoOptions) -> dict[str, tuple[int, ...]]:
+    """{"char_encoder/char_embed": shape, ...}: what `init_params` makes for
+    these options (traced for shapes only, once per options)."""
+    tree = jax.eval_shape(lambda: init_params(options, jax.random.key(0)))
+    return {name: tuple(leaf.shape) for name, leaf in named_leaves(tree).items()}

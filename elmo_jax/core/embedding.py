@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.core.bilm import BiLM, LSTMState, init_params, init_state, token_mask
+from elmo_jax.core.bilm import (BiLM, LSTMState, init_state, named_leaves, param_shapes,
+                                token_mask)
 from elmo_jax.core.options import ElmoOptions
 from elmo_jax.errors import UserError
 
@@ -165,14 +166,6 @@ def check_options(options, where: str = "embed") -> ElmoOptions:
                         f"got {type(options).__name__} (are the arguments in another order?)")
 
 
-@functools.lru_cache(maxsize=32)
-def _param_shapes(options: ElmoOptions) -> dict:
-    """{"char_encoder/char_embed": shape, ...}: what the options' biLM holds."""
-    tree = jax.eval_shape(lambda: init_params(options, jax.random.key(0)))
-    return {"/".join(str(k.key) for k in path): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
 def check_params(params, options: ElmoOptions, where: str = "embed") -> None:
     """One line naming the first parameter that the options' biLM does not
     have, or has in another shape (params and options of two models)."""
@@ -182,9 +175,8 @@ def check_params(params, options: ElmoOptions, where: str = "embed") -> None:
                             f"parameter dict (open_model(...).params), got {what}"
                             + (" (are params and char_ids swapped?)"
                                if hasattr(params, "shape") else ""))
-    want = _param_shapes(options.network())
-    got = {"/".join(str(getattr(k, "key", k)) for k in path): tuple(np.shape(leaf))
-           for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+    want = param_shapes(options.network())
+    got = {name: tuple(np.shape(leaf)) for name, leaf in named_leaves(params).items()}
     for name, shape in want.items():
         if got.get(name, shape) != shape:
             raise ArgumentError(f"params do not match the options: {name} is {list(got[name])}, "

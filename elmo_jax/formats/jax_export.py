@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from elmo_jax.core.bilm import named_leaves
 from elmo_jax.core.embedding import embed
 from elmo_jax.core.options import ElmoOptions
 
@@ -43,8 +44,7 @@ def flat_weights(params: dict) -> dict[str, np.ndarray]:
         {"char_encoder/char_embed": array, ...}: each parameter by its
         `/`-joined path, as a float32 numpy array.
     """
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {"/".join(str(k.key) for k in path): np.asarray(v, np.float32) for path, v in leaves}
+    return {name: np.asarray(v, np.float32) for name, v in named_leaves(params).items()}
 
 
 def nested_weights(flat: dict) -> dict:
@@ -57,13 +57,6 @@ def nested_weights(flat: dict) -> dict:
             node = node.setdefault(p, {})
         node[name] = value
     return out
-
-
-def ids_per_token(options: ElmoOptions) -> int:
-    """C: the ids that spell one token (50 for bilm-tf's bytes; a lexicon
-    model's characters, plus its word row when it has words)."""
-    cnn = options.char_cnn
-    return cnn.ids_per_token if cnn.spelling == "lexicon" else cnn.max_characters_per_token
 
 
 def layers_function(options: ElmoOptions):
@@ -93,7 +86,7 @@ def export_program(params: dict, options: ElmoOptions,
     weights = {k: jax.ShapeDtypeStruct(v.shape, jnp.float32)
                for k, v in flat_weights(params).items()}
     b, t = jax.export.symbolic_shape("b, t")
-    char_ids = jax.ShapeDtypeStruct((b, t, ids_per_token(options)), jnp.int32)
+    char_ids = jax.ShapeDtypeStruct((b, t, options.char_cnn.ids_per_token), jnp.int32)
     return jax.export.export(jax.jit(layers_function(options)), platforms=platforms)(
         weights, char_ids)
 

@@ -187,16 +187,10 @@ def _float32(tree):
 
 def _check_shapes(params: dict, options: ElmoOptions, folder: str) -> None:
     """The converted tree against the one the options describe."""
-    import jax
+    from elmo_jax.core.bilm import named_leaves, param_shapes
 
-    from elmo_jax.core.bilm import init_params
-
-    want = jax.eval_shape(lambda: init_params(options, jax.random.key(0)))
-    got = jax.tree_util.tree_flatten_with_path(params)[0]
-    shapes = {jax.tree_util.keystr(p): s.shape
-              for p, s in jax.tree_util.tree_flatten_with_path(want)[0]}
-    for path, value in got:
-        key = jax.tree_util.keystr(path)
+    shapes = param_shapes(options)
+    for key, value in named_leaves(params).items():
         if shapes.get(key) != value.shape:
             raise WeightsError(f"{folder}: {key} has shape {value.shape}, the config calls for "
                                f"{shapes.get(key)} (do the pickles go with this config?)")

@@ -31,7 +31,7 @@ from elmo_jax.core import chars as chars_lib
 from elmo_jax.core import lexicon as lexicon_lib
 from elmo_jax.core.embedding import init_mix
 from elmo_jax.core.options import ElmoOptions
-from elmo_jax.formats.jax_export import PLATFORMS, flat_weights, ids_per_token, layers_function
+from elmo_jax.formats.jax_export import PLATFORMS, flat_weights, layers_function
 
 SAVED_MODEL_FILE = "saved_model.pb"  # what a loader opens first: uploaded last
 
@@ -68,9 +68,9 @@ def _elmo_module(tf, params, options, lexicon, mix, trainable_bilm: bool):
     layers_and_mask = layers_function(options)
     # layers only: TF's zero cotangent of an unused output (the mask) comes
     # with the wrong shape into the converted backward pass
-    bilm = jax2tf.convert(lambda w, ids: layers_and_mask(w, ids)[0], polymorphic_shapes=[None, "(b, t, _)"],
-                          native_serialization_platforms=PLATFORMS,
-                          with_gradient=trainable_bilm)
+    bilm = jax2tf.convert(lambda w, ids: layers_and_mask(w, ids)[0],
+                          polymorphic_shapes=[None, "(b, t, _)"],
+                          native_serialization_platforms=PLATFORMS, with_gradient=trainable_bilm)
     spell, tables = tf_spelling(tf, options, lexicon)
     obj = tf.train.Checkpoint()
     obj.lookup_tables = tables  # saved with the object, as its assets
@@ -118,8 +118,7 @@ def _elmo_module(tf, params, options, lexicon, mix, trainable_bilm: bool):
 
     obj.default_signature = tf.function(lambda text: outputs(*split(text)),
                                         input_signature=[text_spec], autograph=False)
-    obj.tokens_signature = tf.function(lambda tokens, sequence_len: outputs(tokens, sequence_len),
-                                       input_signature=token_specs, autograph=False)
+    obj.tokens_signature = outputs  # its input signature is the `tokens` signature's
 
     @tf.function(autograph=False)
     def call(inputs, training=False):
@@ -144,7 +143,7 @@ def tf_spelling(tf, options: ElmoOptions, lexicon):
     """(spell, its lookup tables): spell(tokens [B, T] string, real [B, T]
     bool) -> char_ids [B, T, C] int32 is `batch_to_char_ids` (or the
     lexicon's `batch_ids`) in TF ops, all zeros where not real."""
-    cnn, C = options.char_cnn, ids_per_token(options)
+    cnn, C = options.char_cnn, options.char_cnn.max_characters_per_token
     if cnn.spelling == "lexicon":
         return _lexicon_spelling(tf, cnn.max_characters_per_token, lexicon)
     bounds = tf.constant(chars_lib.boundary_ids(cnn))
